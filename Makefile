@@ -1,0 +1,46 @@
+# dagrl: the two set-up commands are `make demo` and `make test`; each installs first.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+export HF_HUB_OFFLINE := 1
+export RAY_AUTH_MODE := disabled
+export PYTHONUNBUFFERED := 1
+
+.PHONY: install test test-unit test-integration test-e2e lint protos check-protos bench lock clean
+
+install:
+	@PYTHON=$(PYTHON) bash scripts/install.sh
+
+## test: every tier (unit, integration, e2e) plus the generated-code check
+test: install check-protos
+	$(PY) -m pytest
+
+test-unit: install
+	$(PY) -m pytest -m "not integration and not e2e"
+
+test-integration: install
+	$(PY) -m pytest -m integration
+
+test-e2e: install
+	$(PY) -m pytest -m e2e
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+## protos: regenerate gRPC stubs into libs/dagrl/rpc from proto/
+protos: install
+	$(PY) scripts/gen_protos.py
+
+check-protos: install
+	$(PY) scripts/gen_protos.py --check
+
+bench: install
+	$(PY) bench/batch_codec.py
+
+## lock: re-pin every dependency to what is installed now (after changing requirements/base.in)
+lock:
+	$(PY) -m pip freeze --exclude-editable | grep -v '^-e ' > requirements/lock.txt
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,282 @@
+"""The typed config of one training job: one frozen dataclass tree.
+
+Section and key names follow verl's where a verl user would look for them
+(`actor_rollout_ref.actor.ppo_mini_batch_size`, `algorithm.adv_estimator`, ...).
+Units are in names (`_s`, `_tokens`); batch sizes count prompts unless the name says
+samples; `*_per_rank` sizes count samples on one data-parallel rank.
+
+Every field has a default and a one-line doc (`dagrl config --show` prints them).
+Cross-field rules live in each section's `check()`; `JobConfig.check()` holds the rules
+that span sections.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from dagrl.config.typed import nested, option
+
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+AdvEstimator = Literal[
+    "gae", "grpo", "drgrpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"
+]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str = option("", "HF checkpoint folder (config.json, weights, tokenizer)")
+    dtype: Literal["float32", "bfloat16", "float16"] = option("float32", "parameter dtype")
+    gradient_checkpointing: bool = option(False, "recompute activations in backward")
+    trust_remote_code: bool = option(False, "allow model code from the checkpoint folder")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = option(1e-6, "peak learning rate of AdamW")
+    weight_decay: float = option(0.01, "AdamW decoupled weight decay")
+    betas: tuple[float, ...] = option((0.9, 0.999), "AdamW betas")
+    warmup_steps: int = option(0, "linear warmup steps (overrides warmup_ratio when > 0)")
+    warmup_ratio: float = option(0.0, "warmup as a fraction of total training steps")
+    lr_scheduler: Literal["constant", "cosine"] = option("constant", "schedule after warmup")
+    min_lr_ratio: float = option(0.0, "cosine floor as a fraction of lr")
+    grad_clip: float = option(1.0, "max global grad norm; <= 0 disables clipping")
+
+    def check(self) -> list[str]:
+        problems = []
+        if self.lr <= 0:
+            problems.append(f"lr must be > 0, got {self.lr}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            problems.append(f"betas must be two numbers in [0, 1), got {self.betas}")
+        if not 0 <= self.warmup_ratio < 1:
+            problems.append(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        return problems
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    strategy: Literal["fsdp", "ddp", "megatron"] = option("fsdp", "data-parallel engine")
+    ppo_mini_batch_size: int = option(16, "prompts per optimizer step (x rollout.n samples)")
+    ppo_micro_batch_size_per_rank: int = option(8, "samples per forward/backward on one rank")
+    ppo_epochs: int = option(1, "passes over each rollout batch")
+    policy_loss: Literal["ppo", "gspo"] = option("ppo", "token-level PPO clip or GSPO")
+    clip_ratio_low: float = option(0.2, "PPO clip: lower bound is 1 - clip_ratio_low")
+    clip_ratio_high: float = option(0.2, "PPO clip: upper bound is 1 + clip_ratio_high (DAPO)")
+    clip_ratio_c: float = option(3.0, "dual-clip bound for negative advantages (> 1)")
+    loss_agg_mode: LossAggMode = option("token-mean", "how token losses form the batch loss")
+    entropy_coeff: float = option(0.0, "entropy bonus weight")
+    use_kl_loss: bool = option(True, "add KL(actor || reference) to the loss (GRPO)")
+    kl_loss_coef: float = option(0.001, "weight of the KL loss")
+    kl_loss_type: Literal["kl", "abs", "mse", "low_var_kl"] = option("low_var_kl", "estimator")
+    optim: OptimConfig = nested(OptimConfig, "actor optimizer")
+
+    def check(self) -> list[str]:
+        problems = []
+        for name in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_rank", "ppo_epochs"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.clip_ratio_c <= 1:
+            problems.append(f"clip_ratio_c must be > 1, got {self.clip_ratio_c}")
+        return problems
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    n: int = option(1, "samples per prompt")
+    do_sample: bool = option(True, "sample (True) or greedy decode (False)")
+    temperature: float = option(1.0, "softmax temperature when sampling (> 0)")
+    top_p: float = option(1.0, "nucleus sampling mass in (0, 1]")
+    top_k: int = option(0, "top-k sampling; 0 disables")
+
+    def check(self) -> list[str]:
+        problems = []
+        if self.n < 1:
+            problems.append(f"n must be >= 1, got {self.n}")
+        if self.do_sample and self.temperature <= 0:
+            problems.append(
+                f"temperature must be > 0 when do_sample is true, got {self.temperature}; "
+                "set do_sample: false for greedy decoding"
+            )
+        if not 0 < self.top_p <= 1:
+            problems.append(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            problems.append(f"top_k must be >= 0 (0 disables), got {self.top_k}")
+        return problems
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    name: Literal["hf", "vllm", "sglang"] = option("hf", "inference backend")
+    n: int = option(4, "samples per prompt (the GRPO group size)")
+    do_sample: bool = option(True, "sample (True) or greedy decode (False)")
+    temperature: float = option(1.0, "softmax temperature when sampling (> 0)")
+    top_p: float = option(1.0, "nucleus sampling mass in (0, 1]")
+    top_k: int = option(0, "top-k sampling; 0 disables")
+    log_prob_micro_batch_size_per_rank: int = option(16, "samples per log-prob forward")
+    val_kwargs: SamplingConfig = nested(SamplingConfig, "sampling for validation")
+
+    def check(self) -> list[str]:
+        sampling = SamplingConfig(self.n, self.do_sample, self.temperature, self.top_p,
+                                  self.top_k)
+        return sampling.check()
+
+
+@dataclass(frozen=True)
+class RefConfig:
+    log_prob_micro_batch_size_per_rank: int = option(16, "samples per reference forward")
+
+
+@dataclass(frozen=True)
+class ActorRolloutRefConfig:
+    model: ModelConfig = nested(ModelConfig, "the policy checkpoint (actor, rollout, ref)")
+    actor: ActorConfig = nested(ActorConfig, "policy training")
+    rollout: RolloutConfig = nested(RolloutConfig, "generation")
+    ref: RefConfig = nested(RefConfig, "frozen reference policy")
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    model: ModelConfig = nested(ModelConfig, "value model checkpoint (empty: the policy's)")
+    optim: OptimConfig = nested(OptimConfig, "critic optimizer")
+    ppo_epochs: int = option(1, "passes over each rollout batch")
+    ppo_mini_batch_size: int = option(16, "prompts per critic optimizer step")
+    ppo_micro_batch_size_per_rank: int = option(8, "samples per forward/backward on one rank")
+    cliprange_value: float = option(0.5, "PPO value clipping range")
+    loss_agg_mode: LossAggMode = option("token-mean", "how token losses form the batch loss")
+
+
+@dataclass(frozen=True)
+class KLControlConfig:
+    type: Literal["fixed", "adaptive"] = option("fixed", "KL-in-reward coefficient control")
+    kl_coef: float = option(0.001, "initial (or fixed) KL coefficient")
+    target_kl: float = option(0.1, "adaptive: KL the controller aims for")
+    horizon: int = option(10000, "adaptive: samples over which the coefficient adapts")
+
+
+@dataclass(frozen=True)
+class FilterGroupsConfig:
+    enable: bool = option(False, "DAPO dynamic sampling: drop groups with equal rewards")
+    metric: Literal["score", "acc", "seq_reward"] = option("score", "per-sample value compared")
+    max_num_gen_batches: int = option(10, "generation rounds before giving up (0: no limit)")
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    adv_estimator: AdvEstimator = option("grpo", "advantage estimator")
+    gamma: float = option(1.0, "discount factor")
+    lam: float = option(1.0, "GAE lambda")
+    norm_adv_by_std_in_grpo: bool = option(True, "GRPO: divide by group std (False: Dr.GRPO)")
+    use_kl_in_reward: bool = option(False, "subtract KL penalty from token rewards (PPO)")
+    kl_penalty: Literal["kl", "abs", "mse", "low_var_kl"] = option("kl", "in-reward estimator")
+    kl_ctrl: KLControlConfig = nested(KLControlConfig, "in-reward KL coefficient")
+    filter_groups: FilterGroupsConfig = nested(FilterGroupsConfig, "DAPO dynamic sampling")
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    reward_fn: str | None = option(None, "`module:function` scorer; default scores by data_source")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    train_files: tuple[str, ...] = option((), "parquet files with prompt/ground_truth columns")
+    val_files: tuple[str, ...] = option((), "validation parquet files")
+    prompt_key: str = option("prompt", "column holding the chat messages")
+    max_prompt_length: int = option(512, "prompt tokens; longer prompts follow `truncation`")
+    max_response_length: int = option(512, "max new tokens per response")
+    train_batch_size: int = option(64, "prompts per training step")
+    val_batch_size: int | None = option(None, "prompts per validation batch (None: all)")
+    shuffle: bool = option(True, "shuffle the training prompts every epoch")
+    seed: int = option(1, "dataloader shuffle seed")
+    truncation: Literal["error", "left", "right"] = option("error", "over-long prompts")
+
+    def check(self) -> list[str]:
+        problems = []
+        for name in ("max_prompt_length", "max_response_length", "train_batch_size"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        return problems
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    project_name: str = option("dagrl", "groups runs in trackers and checkpoint folders")
+    experiment_name: str = option("run", "this run's name")
+    total_epochs: int = option(1, "passes over the training prompts")
+    total_training_steps: int | None = option(None, "stop after this many steps (None: epochs)")
+    nnodes: int = option(1, "machines in the cluster")
+    n_ranks_per_node: int = option(1, "ranks (GPUs, or CPU processes) per machine")
+    device: Literal["auto", "cpu", "cuda"] = option("auto", "auto: cuda when available")
+    seed: int = option(1, "global seed (model init, sampling)")
+    save_freq: int = option(-1, "checkpoint every N steps; -1 disables")
+    test_freq: int = option(-1, "validate every N steps; -1 disables")
+    val_before_train: bool = option(True, "validate once before the first step")
+    val_only: bool = option(False, "validate and stop")
+    resume_mode: Literal["auto", "disable", "resume_path"] = option("auto", "where to resume")
+    resume_from_path: str | None = option(None, "checkpoint folder for resume_mode=resume_path")
+    default_local_dir: str = option("checkpoints", "root folder of checkpoints")
+    max_checkpoints_to_keep: int = option(3, "older checkpoints are deleted")
+    max_restarts: int = option(3, "restarts from the last checkpoint after a worker dies")
+    logger: tuple[str, ...] = option(("console",), "console, jsonl, tensorboard, wandb, mlflow")
+
+    def check(self) -> list[str]:
+        problems = []
+        if self.total_epochs < 1:
+            problems.append(f"total_epochs must be >= 1, got {self.total_epochs}")
+        if self.nnodes < 1 or self.n_ranks_per_node < 1:
+            problems.append("nnodes and n_ranks_per_node must be >= 1")
+        if self.resume_mode == "resume_path" and not self.resume_from_path:
+            problems.append("resume_mode is resume_path but resume_from_path is empty")
+        known = {"console", "jsonl", "tensorboard", "wandb", "mlflow"}
+        unknown = sorted(set(self.logger) - known)
+        if unknown:
+            problems.append(f"logger has unknown backends {unknown}; use {sorted(known)}")
+        return problems
+
+
+@dataclass(frozen=True)
+class WorkflowConfig:
+    source: str = option("grpo", "built-in workflow name or path to a workflow YAML")
+
+
+@dataclass(frozen=True)
+class ServicesConfig:
+    redis_url: str | None = option(None, "databuffer Redis; None starts a private one")
+    ray_address: str | None = option(None, "Ray cluster; None starts a local head")
+    scheduler_address: str = option("127.0.0.1:50051", "scheduler gRPC host:port")
+    metrics_endpoint: str | None = option(None, "OTLP/gRPC endpoint of the metrics service")
+    tracing: bool = option(True, "export spans and metrics over OTLP")
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    trainer: TrainerConfig = nested(TrainerConfig, "loop, checkpoints, cluster size")
+    data: DataConfig = nested(DataConfig, "datasets and lengths")
+    actor_rollout_ref: ActorRolloutRefConfig = nested(ActorRolloutRefConfig, "policy")
+    critic: CriticConfig = nested(CriticConfig, "value model (PPO)")
+    algorithm: AlgorithmConfig = nested(AlgorithmConfig, "advantages and KL")
+    reward: RewardConfig = nested(RewardConfig, "reward scoring")
+    workflow: WorkflowConfig = nested(WorkflowConfig, "the DAG to run")
+    services: ServicesConfig = nested(ServicesConfig, "where the services are")
+
+    def check(self) -> list[str]:
+        problems = []
+        actor = self.actor_rollout_ref.actor
+        n = self.actor_rollout_ref.rollout.n
+        if self.data.train_batch_size % actor.ppo_mini_batch_size:
+            problems.append(
+                f"data.train_batch_size ({self.data.train_batch_size}) must be divisible by "
+                f"actor_rollout_ref.actor.ppo_mini_batch_size ({actor.ppo_mini_batch_size})"
+            )
+        if (actor.ppo_mini_batch_size * n) % actor.ppo_micro_batch_size_per_rank:
+            problems.append(
+                f"samples per mini-batch (ppo_mini_batch_size {actor.ppo_mini_batch_size} x "
+                f"rollout.n {n}) must be divisible by ppo_micro_batch_size_per_rank "
+                f"({actor.ppo_micro_batch_size_per_rank})"
+            )
+        if self.algorithm.adv_estimator in ("grpo", "drgrpo", "rloo") and n < 2:
+            problems.append(
+                f"algorithm.adv_estimator {self.algorithm.adv_estimator} compares samples "
+                f"of one prompt: set actor_rollout_ref.rollout.n >= 2 (got {n})"
+            )
+        return problems

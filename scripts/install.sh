@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Idempotent set-up: .venv (Python 3.11) with the pinned packages and every dagrl package
+# installed editable, plus redis-server. A second run on a ready machine only compares a
+# hash of the requirement files with the stamp left by the last install.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-python3.11}"
+VENV=.venv
+STAMP="$VENV/.install-stamp"
+PACKAGES=(libs services/scheduler services/databuffer services/worker services/metrics)
+
+ensure_redis() {
+  if command -v redis-server >/dev/null 2>&1; then return; fi
+  echo "install: redis-server is missing; installing it with apt-get"
+  local sudo=""
+  if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
+}
+
+requirements_hash() {
+  local files=(requirements/base.in requirements/lock.txt scripts/install.sh)
+  for p in "${PACKAGES[@]}"; do files+=("$p/pyproject.toml"); done
+  cat "${files[@]}" | sha256sum | cut -d' ' -f1
+}
+
+ensure_redis
+want="$(requirements_hash)"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
+  echo "install: up to date ($VENV)"
+  exit 0
+fi
+
+if ! command -v "$PYTHON" >/dev/null 2>&1; then
+  echo "install: $PYTHON not found; install Python 3.11 or run make PYTHON=/path/to/python3.11" >&2
+  exit 1
+fi
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+editable=()
+for p in "${PACKAGES[@]}"; do editable+=(-e "$p"); done
+echo "install: installing pinned packages into $VENV (first time: about 2 minutes)"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+  -c requirements/lock.txt -r requirements/base.in "${editable[@]}"
+echo "$want" > "$STAMP"
+echo "install: done"

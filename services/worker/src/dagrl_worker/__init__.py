@@ -1,0 +1,1 @@
+"""dagrl worker service: the job driver and the Ray DAGWorker actors that execute DAG nodes."""
