@@ -13,7 +13,35 @@ class DagrlError(Exception):
     """Root of every error dagrl raises on purpose."""
 
 
-class ConfigError(DagrlError):
+# Categories: each maps to one gRPC status code in `dagrl.rpc.status`. Concrete errors
+# derive from the category that says what the caller should do about them.
+
+
+class InvalidInputError(DagrlError):
+    """The caller's input is wrong (INVALID_ARGUMENT): fix it and retry."""
+
+
+class NotFoundError(DagrlError):
+    """The named thing does not exist (NOT_FOUND)."""
+
+
+class ResourceExhaustedError(DagrlError):
+    """A quota or capacity limit is hit (RESOURCE_EXHAUSTED): free space or raise the limit."""
+
+
+class UnauthenticatedError(DagrlError):
+    """The call lacks valid credentials (UNAUTHENTICATED)."""
+
+
+class UnavailableError(DagrlError):
+    """A dependency (Redis, Ray, a service) cannot be reached (UNAVAILABLE): retry later."""
+
+
+class FailedPreconditionError(DagrlError):
+    """The request is valid but the system is not in a state to do it (FAILED_PRECONDITION)."""
+
+
+class ConfigError(InvalidInputError):
     """A job or service configuration is wrong; `problems` lists every issue found."""
 
     def __init__(self, problems: list[str] | str, *, source: str | None = None) -> None:
@@ -24,11 +52,11 @@ class ConfigError(DagrlError):
         super().__init__(f"{len(self.problems)} configuration problem(s){where}:\n{lines}")
 
 
-class WorkflowError(DagrlError):
+class WorkflowError(InvalidInputError):
     """A workflow DAG is malformed: bad YAML, unknown key, cycle, bad reference."""
 
 
-class BatchError(DagrlError):
+class BatchError(InvalidInputError):
     """A Batch operation got inconsistent input (mismatched rows, unknown column)."""
 
 
@@ -36,7 +64,7 @@ class BatchDecodeError(BatchError):
     """Bytes could not be decoded as a Batch: truncated, corrupt or a foreign format."""
 
 
-class DatasetError(DagrlError):
+class DatasetError(InvalidInputError):
     """A dataset file is missing, unreadable or lacks a required column."""
 
 
@@ -44,5 +72,5 @@ class RewardError(DagrlError):
     """A reward function could not be resolved or returned an invalid score."""
 
 
-class RefResolutionError(DagrlError):
+class RefResolutionError(InvalidInputError):
     """A `module:attr` or `path/to/file.py:attr` reference does not resolve."""

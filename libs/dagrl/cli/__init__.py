@@ -1,0 +1,1 @@
+"""The `dagrl` command: a client-side tool (it never imports a service)."""
