@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+
 from dagrl.batch import GROUP_ID, UID, Batch, assign_ids, concat
 from dagrl.errors import BatchError
 

@@ -5,11 +5,12 @@ import pickle
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from dagrl.batch import Batch, decode, decode_parts, encode, encode_parts
 from dagrl.batch.codec import CODEC_VERSION
 from dagrl.errors import BatchDecodeError, BatchError
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 ALL_DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
               torch.float16, torch.bfloat16, torch.float32, torch.float64]

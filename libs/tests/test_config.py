@@ -4,6 +4,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+
 from dagrl.config import JobConfig, build, load_job_config, to_dict
 from dagrl.errors import ConfigError
 

@@ -1,0 +1,97 @@
+"""Dataset files: records to and from parquet, and writing a synthetic train/val pair.
+
+Owns the on-disk format (one parquet file per split, one row per record, the columns verl uses)
+and its validation: a missing file, an unreadable file or a missing required column raises
+DatasetError naming the file and the column. Turning records into token ids is
+`dagrl.data.prompt_dataset`'s job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dagrl.data.tasks import Record, Task, generate_splits
+from dagrl.errors import DatasetError
+
+REQUIRED_COLUMNS = ("prompt", "ground_truth", "data_source")
+# Used for an empty split, where pyarrow has no rows to infer types from.
+_RECORD_SCHEMA = pa.schema(
+    [
+        ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+        ("ground_truth", pa.string()),
+        ("data_source", pa.string()),
+        ("extra_info", pa.struct([("index", pa.int64()), ("split", pa.string())])),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class DatasetPaths:
+    """Where `make_dataset` wrote each split."""
+
+    train: Path
+    val: Path
+
+
+def write_parquet(records: Sequence[Record], path: str | Path) -> Path:
+    """Write `records` (dicts with at least REQUIRED_COLUMNS) as one parquet file; return its path.
+
+    Column types are inferred from the records, so extra columns travel along.
+    """
+    target = Path(path)
+    for row, record in enumerate(records):
+        missing = [column for column in REQUIRED_COLUMNS if column not in record]
+        if missing:
+            raise DatasetError(
+                f"record {row} for {target} lacks required column(s) {missing}; every record "
+                f"needs {list(REQUIRED_COLUMNS)}"
+            )
+    table = pa.Table.from_pylist(list(records)) if records else _RECORD_SCHEMA.empty_table()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, target)
+    return target
+
+
+def read_parquet(
+    path: str | Path, required_columns: Sequence[str] = REQUIRED_COLUMNS
+) -> list[Record]:
+    """Read a parquet file into records (one dict per row), checking `required_columns`."""
+    source = Path(path)
+    if not source.is_file():
+        raise DatasetError(
+            f"dataset file {source} does not exist; check the path, or create it with "
+            "dagrl.data.make_dataset"
+        )
+    try:
+        table = pq.read_table(source)
+    except (pa.ArrowException, OSError) as error:
+        raise DatasetError(
+            f"dataset file {source} is not a readable parquet file: {error}"
+        ) from error
+    missing = [column for column in required_columns if column not in table.column_names]
+    if missing:
+        raise DatasetError(
+            f"dataset file {source} lacks required column(s) {missing}; it has columns "
+            f"{table.column_names}. Add the column(s) when writing the file."
+        )
+    return table.to_pylist()
+
+
+def make_dataset(
+    task: str | Task, n_train: int, n_val: int, out_dir: str | Path, seed: int
+) -> DatasetPaths:
+    """Generate a synthetic task's splits and write out_dir/train.parquet and out_dir/val.parquet.
+
+    The same arguments write the same rows; no val prompt appears in train.
+    """
+    train, val = generate_splits(task, n_train, n_val, seed)
+    directory = Path(out_dir)
+    return DatasetPaths(
+        train=write_parquet(train, directory / "train.parquet"),
+        val=write_parquet(val, directory / "val.parquet"),
+    )
