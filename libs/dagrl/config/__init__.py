@@ -20,6 +20,7 @@ from dagrl.config.job import (
     WorkflowConfig,
 )
 from dagrl.config.loading import apply_overrides, load_job_config, read_yaml_mapping
+from dagrl.config.node import NodeConfig, node_config
 from dagrl.config.typed import build, field_doc, nested, option, to_dict
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "JobConfig",
     "KLControlConfig",
     "ModelConfig",
+    "NodeConfig",
     "OptimConfig",
     "RefConfig",
     "RewardConfig",
@@ -45,6 +47,7 @@ __all__ = [
     "field_doc",
     "load_job_config",
     "nested",
+    "node_config",
     "option",
     "read_yaml_mapping",
     "to_dict",

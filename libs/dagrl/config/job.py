@@ -83,7 +83,7 @@ class ActorConfig:
 @dataclass(frozen=True)
 class SamplingConfig:
     n: int = option(1, "samples per prompt")
-    do_sample: bool = option(True, "sample (True) or greedy decode (False)")
+    do_sample: bool = option(False, "sample (True) or greedy decode (False)")
     temperature: float = option(1.0, "softmax temperature when sampling (> 0)")
     top_p: float = option(1.0, "nucleus sampling mass in (0, 1]")
     top_k: int = option(0, "top-k sampling; 0 disables")
@@ -217,6 +217,7 @@ class TrainerConfig:
     default_local_dir: str = option("checkpoints", "root folder of checkpoints")
     max_checkpoints_to_keep: int = option(3, "older checkpoints are deleted")
     max_restarts: int = option(3, "restarts from the last checkpoint after a worker dies")
+    balance_batch: bool = option(True, "reshard training inputs by token count across dp ranks")
     logger: tuple[str, ...] = option(("console",), "console, jsonl, tensorboard, wandb, mlflow")
 
     def check(self) -> list[str]:

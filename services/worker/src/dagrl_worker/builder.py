@@ -1,0 +1,160 @@
+"""Build a rank's models and node executors from the workflow, the plan and the config.
+
+`build_agent_models` loads, per agent group, only what this rank's nodes need: the actor
+engine (its module doubles as the colocated `hf` rollout), the frozen reference, the
+critic engine. `build_executor` maps each node to its executor by (type, role) with a
+plain match: every node type the loader accepts either gets an executor here or a clear
+error naming the node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
+
+from dagrl.config import JobConfig, node_config
+from dagrl.refs import resolve_ref
+from dagrl.rewards import compute_score
+from dagrl.workflow import Node, NodeRole, NodeType, TaskGraph
+from dagrl_worker.executors.base import AgentModels, Executor
+from dagrl_worker.executors.compute import (
+    AdvantageExecutor,
+    BarrierExecutor,
+    CustomExecutor,
+    DynamicSamplingExecutor,
+    PassThroughExecutor,
+    RewardExecutor,
+)
+from dagrl_worker.executors.models import (
+    ActorTrainExecutor,
+    CriticTrainExecutor,
+    OldLogProbExecutor,
+    ReferenceLogProbExecutor,
+    RolloutExecutor,
+    ValuesExecutor,
+)
+from dagrl_worker.rollout import HFRollout
+from dagrl_worker.training.engine import TrainEngine
+from dagrl_worker.training.parallel import DataParallel
+
+
+class UnsupportedNodeError(ValueError):
+    """A node this worker version cannot execute (named, with what to use instead)."""
+
+
+def _load_causal_lm(path: str, dtype: str) -> Any:
+    return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype),
+                                                local_files_only=True)
+
+
+def _load_value_model(path: str, dtype: str) -> Any:
+    return AutoModelForTokenClassification.from_pretrained(
+        path, num_labels=1, dtype=getattr(torch, dtype), local_files_only=True)
+
+
+def model_path(graph: TaskGraph, agent_group: int, role: NodeRole, config: JobConfig) -> str:
+    """A node-level `model_path` for this agent and role wins over the job's model paths."""
+    for node in graph.nodes:
+        if node.agent_group == agent_group and node.node_role == role:
+            path = node_config(node.node_id, node.config).model_path
+            if path:
+                return path
+    if role == NodeRole.CRITIC and config.critic.model.path:
+        return config.critic.model.path
+    return config.actor_rollout_ref.model.path
+
+
+def build_agent_models(graph: TaskGraph, my_nodes: set[str], agent_group: int,
+                       config: JobConfig, dp_for: Callable[[str], DataParallel],
+                       total_steps: int, policy_weights: str | None = None) -> AgentModels:
+    """The models of one agent group on this rank. `policy_weights` (a checkpoint folder)
+    replaces the policy's initial weights on resume; the reference always starts from the
+    original checkpoint."""
+    nodes = [graph[n] for n in my_nodes if graph[n].agent_group == agent_group]
+    roles = {n.node_role for n in nodes}
+    dtype = config.actor_rollout_ref.model.dtype
+    policy_path = model_path(graph, agent_group, NodeRole.ACTOR, config)
+    tokenizer = AutoTokenizer.from_pretrained(policy_path, local_files_only=True)
+    models = AgentModels(tokenizer=tokenizer)
+    if roles & {NodeRole.ACTOR, NodeRole.ROLLOUT}:
+        actor_node = _first(nodes, NodeRole.ACTOR) or _first(nodes, NodeRole.ROLLOUT)
+        module = _load_causal_lm(policy_weights or policy_path, dtype)
+        module.train()
+        strategy = config.actor_rollout_ref.actor.strategy
+        if strategy == "megatron":
+            raise UnsupportedNodeError("actor strategy 'megatron' needs the megatron extra and "
+                                       "a GPU; use fsdp or ddp on CPU")
+        models.actor = TrainEngine(module, config.actor_rollout_ref.actor.optim, total_steps,
+                                   dp_for(actor_node.node_id), strategy)  # type: ignore[union-attr]
+        if NodeRole.ROLLOUT in roles:
+            if strategy == "ddp" or not models.actor.dp.is_distributed:
+                rollout_module = module  # a full copy on this rank: generate with it directly
+            else:  # sharded: generate with a full copy that each update refreshes
+                rollout_module = _load_causal_lm(policy_weights or policy_path, dtype)
+                models.rollout_copy = rollout_module
+            models.rollout = HFRollout(rollout_module, tokenizer)
+    if NodeRole.REFERENCE in roles:
+        reference = _load_causal_lm(policy_path, dtype)
+        reference.eval().requires_grad_(False)
+        models.reference = reference
+    if NodeRole.CRITIC in roles:
+        critic_node = _first(nodes, NodeRole.CRITIC)
+        critic_path = model_path(graph, agent_group, NodeRole.CRITIC, config)
+        value_model = _load_value_model(critic_path, config.critic.model.dtype)
+        value_model.train()
+        models.critic = TrainEngine(value_model, config.critic.optim, total_steps,
+                                    dp_for(critic_node.node_id), "ddp")  # type: ignore[union-attr]
+    return models
+
+
+def _first(nodes: list[Node], role: NodeRole) -> Node | None:
+    return next((n for n in nodes if n.node_role == role), None)
+
+
+def build_executor(node: Node, models: AgentModels, config: JobConfig, target_groups: int,
+                   group: dist.ProcessGroup | None) -> Executor:
+    """The executor of one node (see the module docstring)."""
+    options = node_config(node.node_id, node.config)
+    kind, role = node.node_type, node.node_role
+    if node.executable_ref and kind in (NodeType.CUSTOM, NodeType.COMPUTE) and (
+            role in (NodeRole.DEFAULT,) or kind == NodeType.CUSTOM):
+        return CustomExecutor(node.node_id, resolve_ref(node.executable_ref))
+    if kind == NodeType.MODEL_INFERENCE and role == NodeRole.ROLLOUT:
+        return RolloutExecutor(_need(models.rollout, node, "a rollout backend"))
+    if role == NodeRole.REWARD and kind == NodeType.COMPUTE:
+        ref = options.reward_fn or config.reward.reward_fn or node.executable_ref
+        return RewardExecutor(models.tokenizer, resolve_ref(ref) if ref else compute_score)
+    if role == NodeRole.ADVANTAGE:
+        return AdvantageExecutor(options.adv_estimator or config.algorithm.adv_estimator)
+    if role == NodeRole.DYNAMIC_SAMPLING:
+        return DynamicSamplingExecutor(node.node_id, target_groups)
+    if role == NodeRole.ACTOR:
+        engine = _need(models.actor, node, "an actor model")
+        if node.only_forward_compute:
+            return OldLogProbExecutor(engine)
+        return ActorTrainExecutor(engine, models.rollout_copy)
+    if role == NodeRole.REFERENCE:
+        return ReferenceLogProbExecutor(models)
+    if role == NodeRole.CRITIC:
+        engine = _need(models.critic, node, "a critic model")
+        return ValuesExecutor(engine) if node.only_forward_compute else CriticTrainExecutor(
+            engine)
+    if kind == NodeType.DATA_LOAD:
+        return PassThroughExecutor()
+    if kind == NodeType.BARRIER_SYNC:
+        return BarrierExecutor(group)
+    raise UnsupportedNodeError(
+        f"node {node.node_id!r} ({kind.name}, role {role.name}) has no executor in this "
+        "worker: ENV_INTERACT nodes and reward models (MODEL_INFERENCE + REWARD) are not "
+        "supported yet; use a COMPUTE reward node or a CUSTOM node with executable_ref"
+    )
+
+
+def _need(value: Any, node: Node, what: str) -> Any:
+    if value is None:
+        raise UnsupportedNodeError(f"node {node.node_id!r} needs {what} on this rank")
+    return value

@@ -1,0 +1,109 @@
+"""Atomic checkpoints: written to a temporary folder, committed by one rename.
+
+Layout of `<root>/global_step_<N>/`:
+    agent<g>/actor/      HF checkpoint of agent g's policy (config + safetensors), rank 0
+    agent<g>/critic/     HF checkpoint of its value model, when there is one
+    rank<r>.pt           rank r's optimizer + LR-schedule states, RNG states, KL controller
+    trainer.json         step and dataloader position
+`<root>/latest_checkpointed_iteration.txt` names the newest committed step; it is
+replaced atomically after the rename, so a crash mid-save leaves the previous checkpoint
+as the latest. Older checkpoints beyond `max_checkpoints_to_keep` are deleted.
+
+Every rank calls `save` and `load`; the world process group synchronizes them. `.pt`
+files are read with `torch.load(weights_only=True)`: no arbitrary unpickling.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+LATEST_FILE = "latest_checkpointed_iteration.txt"
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"global_step_{step}"
+
+
+def latest_step(root: Path) -> int | None:
+    """The newest committed step under `root`, or None."""
+    marker = root / LATEST_FILE
+    if not marker.is_file():
+        return None
+    step = int(marker.read_text().strip())
+    return step if step_dir(root, step).is_dir() else None
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
+            "python_version": random.getstate()[0], "python_gauss": random.getstate()[2]}
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate((state["python_version"], tuple(state["python"]), state["python_gauss"]))
+
+
+def begin(root: Path, step: int, rank: int) -> Path:
+    """Rank 0 prepares the temporary folder; every rank gets its path."""
+    tmp = root / f".tmp_global_step_{step}"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier()
+    return tmp
+
+
+def commit(root: Path, step: int, rank: int, keep: int) -> Path:
+    """Rank 0 renames the finished folder into place, updates the marker, prunes old ones."""
+    _barrier()
+    final = step_dir(root, step)
+    if rank == 0:
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(root / f".tmp_global_step_{step}", final)
+        marker_tmp = root / f".{LATEST_FILE}.tmp"
+        marker_tmp.write_text(str(step))
+        os.replace(marker_tmp, root / LATEST_FILE)
+        _prune(root, keep)
+    _barrier()
+    return final
+
+
+def _prune(root: Path, keep: int) -> None:
+    if keep <= 0:
+        return
+    steps = sorted(int(p.name.rsplit("_", 1)[1]) for p in root.glob("global_step_*"))
+    for old in steps[:-keep]:
+        shutil.rmtree(step_dir(root, old), ignore_errors=True)
+
+
+def save_rank_state(folder: Path, rank: int, state: dict[str, Any]) -> None:
+    torch.save(state, folder / f"rank{rank}.pt")
+
+
+def load_rank_state(folder: Path, rank: int) -> dict[str, Any]:
+    path = folder / f"rank{rank}.pt"
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {folder} has no state for rank {rank}; was it "
+                                "written by a job with another number of ranks?")
+    return torch.load(path, weights_only=True)
+
+
+def save_trainer_state(folder: Path, state: dict[str, Any]) -> None:
+    (folder / "trainer.json").write_text(json.dumps(state, indent=2))
+
+
+def load_trainer_state(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / "trainer.json").read_text())

@@ -1,0 +1,242 @@
+"""DAGWorker: one rank. Walks its part of the workflow every step.
+
+Plain Python (Ray wraps it in `actors.py`), so a test can drive it directly. Its public
+methods are the whole protocol the driver uses, in this order:
+
+    setup_distributed(master_addr, master_port)  process groups, as the plan lists them
+    init_graph()                                 models, executors, checkpoint load
+    run_step(step)                               one training step -> metric summary
+    validate()                                   validation -> metric summary
+    save_checkpoint(step)                        collective, atomic
+
+Per step: prompts (this rank's dp slice) enter the entry nodes; each node on this rank
+runs in topological order on inputs from the local cache or the databuffer, and hands
+its output on. Only small metric summaries are returned to the driver.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from transformers import AutoTokenizer
+
+from dagrl.algorithms import AdaptiveKLController, FixedKLController, KLController
+from dagrl.batch import Batch
+from dagrl.config import JobConfig
+from dagrl_worker import checkpoint
+from dagrl_worker.builder import build_agent_models, build_executor
+from dagrl_worker.dataflow import EdgeRouter, ShardStore, join_by_uid
+from dagrl_worker.executors.base import AgentModels, Executor, StepContext
+from dagrl_worker.metrics import MetricSink, Reduce, Summary
+from dagrl_worker.prompt_source import PromptSource
+from dagrl_worker.prompts import dp_slice, prompts_to_batch
+from dagrl_worker.spec import WorkerSpec
+from dagrl_worker.training.parallel import DataParallel
+from dagrl_worker.validation import validate_rollouts
+
+
+class DAGWorker:
+    def __init__(self, spec: WorkerSpec, rank: int, store: ShardStore | None = None) -> None:
+        torch.set_num_threads(int(os.environ.get("DAGRL_TORCH_THREADS", "1")))
+        self.spec, self.rank = spec, rank
+        self.config: JobConfig = spec.job_config()
+        self.graph = spec.workflow()
+        self.plan = spec.plan_view()
+        self.my_nodes = self.plan.nodes_on(rank)
+        self.order = [n for n in self.graph.topological_order() if n in self.my_nodes]
+        self.groups: dict[str, dist.ProcessGroup | None] = {}
+        self.store = store
+        self.models: dict[int, AgentModels] = {}
+        self.executors: dict[str, Executor] = {}
+        self.kl_controller = _kl_controller(self.config)
+        self.checkpoint_root = Path(spec.checkpoint_dir)
+        self.prompts_source: PromptSource | None = None
+        self.total_steps = 0
+        torch.manual_seed(self.config.trainer.seed * 1000 + rank)
+
+    # ------------------------------------------------------------------ setup
+    def setup_distributed(self, master_addr: str, master_port: int) -> None:
+        """Join the world group, then create every plan group in the plan's order."""
+        if self.plan.world_size > 1 and not dist.is_initialized():
+            dist.init_process_group(
+                "gloo" if not torch.cuda.is_available() else "nccl",
+                init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank,
+                world_size=self.plan.world_size, timeout=timedelta(minutes=10))
+        for group in self.plan.groups:
+            if dist.is_initialized():
+                handle = dist.new_group(list(group.ranks))
+                self.groups[group.name] = handle if self.rank in group.ranks else None
+
+    def _dp_for(self, node_id: str) -> DataParallel:
+        group = self.plan.group_of(node_id)
+        if group is None or len(group.ranks) == 1 or not dist.is_initialized():
+            return DataParallel()
+        return DataParallel(self.groups[group.name], group.ranks.index(self.rank),
+                            len(group.ranks))
+
+    def init_graph(self) -> tuple[int, int]:
+        """Build data, models and executors; resume if configured.
+
+        Returns (first step to run, total training steps).
+        """
+        resume = self._resume_folder()
+        policy_path = self.config.actor_rollout_ref.model.path
+        tokenizer = AutoTokenizer.from_pretrained(policy_path, local_files_only=True)
+        self.prompts_source = PromptSource(self.config, tokenizer)
+        self.total_steps = total_training_steps(self.config,
+                                                self.prompts_source.batches_per_epoch)
+        for agent in sorted({self.graph[n].agent_group for n in self.my_nodes}):
+            weights = str(resume / f"agent{agent}" / "actor") if resume else None
+            self.models[agent] = build_agent_models(
+                self.graph, self.my_nodes, agent, self.config, self._dp_for,
+                self.total_steps, policy_weights=weights)
+        for node_id in self.order:
+            node = self.graph[node_id]
+            group = self.plan.group_of(node_id)
+            self.executors[node_id] = build_executor(
+                node, self.models[node.agent_group], self.config,
+                self._target_groups(node_id), self.groups.get(group.name) if group else None)
+        self.router = EdgeRouter(self.graph, self.plan, self.rank, self.spec.job_id,
+                                 self.store, balance_batch=self.config.trainer.balance_batch)
+        first_step = self._load_checkpoint(resume) if resume else 1
+        return first_step, self.total_steps
+
+    def _target_groups(self, node_id: str) -> int:
+        layout = self.plan.layout(node_id)
+        base, extra = divmod(self.config.data.train_batch_size, layout.dp_size)
+        return base + (1 if layout.dp_rank(self.rank) < extra else 0)
+
+    # ------------------------------------------------------------------ steps
+    def run_step(self, step: int) -> Summary:
+        """One training step on this rank; returns its metric summary (no batch data)."""
+        sink = MetricSink()
+        started = time.perf_counter()
+        assert self.prompts_source is not None
+        global_prompts = self.prompts_source.next_batch()
+        ctx = StepContext(step, self.rank, self.config, sink, self.kl_controller,
+                          regenerate=lambda node_id, rnd: self._regenerate(step, node_id, rnd))
+        self._walk(step, ctx, global_prompts, self.order)
+        self.router.clear()
+        sink.add("perf/time_per_step", time.perf_counter() - started, Reduce.MAX)
+        return sink.summary()
+
+    def _entry_input(self, node_id: str, step: int, rows: dict[str, list], tag: str,
+                     is_global: bool = True) -> Batch:
+        """Prompts entering `node_id`: this rank's dp slice of `rows` when they are global."""
+        if is_global:
+            layout = self.plan.layout(node_id)
+            rows = dp_slice(rows, layout.dp_rank(self.rank), layout.dp_size)
+        tokenizer = self.models[self.graph[node_id].agent_group].tokenizer
+        return prompts_to_batch(rows, tokenizer.pad_token_id, f"s{step}{tag}")
+
+    def _walk(self, step: int, ctx: StepContext, global_prompts: dict[str, list],
+              nodes: list[str]) -> None:
+        for node_id in nodes:
+            if self.graph.parents(node_id):
+                batch = self.router.inputs(step, node_id)
+            else:
+                batch = self._entry_input(node_id, step, global_prompts, "")
+            started = time.perf_counter()
+            output = self.executors[node_id].run(batch, ctx)
+            ctx.sink.add(f"timing_s/{node_id}", time.perf_counter() - started, Reduce.MAX)
+            self.router.publish(step, node_id, output)
+
+    def _regenerate(self, step: int, node_id: str, round_index: int) -> Batch:
+        """Rerun this rank's ancestors of `node_id` on freshly drawn prompts (DAPO).
+
+        The extra samples stay on this rank: every edge of the rerun is local.
+        """
+        assert self.prompts_source is not None
+        rows = self.prompts_source.extra_batch(self._target_groups(node_id), step,
+                                               round_index, self.rank)
+        ancestors = set(self.graph.ancestors(node_id))
+        upstream = [n for n in self.order if n in ancestors]
+        ctx = StepContext(step, self.rank, self.config, MetricSink(), self.kl_controller)
+        tag = f".r{round_index}.k{self.rank}"
+        outputs: dict[str, Batch] = {}
+        for upstream_id in upstream:
+            parents = self.graph.parents(upstream_id)
+            batch = (join_by_uid([outputs[p] for p in parents]) if parents
+                     else self._entry_input(upstream_id, step, rows, tag, is_global=False))
+            outputs[upstream_id] = self.executors[upstream_id].run(batch, ctx)
+        parents = self.graph.parents(node_id)
+        return join_by_uid([outputs[p] for p in parents])
+
+    def validate(self) -> Summary:
+        assert self.prompts_source is not None
+        return validate_rollouts(self, self.prompts_source)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _resume_folder(self) -> Path | None:
+        trainer = self.config.trainer
+        if trainer.resume_mode == "disable":
+            return None
+        if trainer.resume_mode == "resume_path":
+            return Path(trainer.resume_from_path or "")
+        step = checkpoint.latest_step(self.checkpoint_root)
+        return checkpoint.step_dir(self.checkpoint_root, step) if step is not None else None
+
+    def save_checkpoint(self, step: int) -> str:
+        tmp = checkpoint.begin(self.checkpoint_root, step, self.rank)
+        rank_state: dict[str, Any] = {"rng": checkpoint.rng_state(),
+                                      "kl_coef": self.kl_controller.value}
+        for agent, models in self.models.items():
+            for role, engine in (("actor", models.actor), ("critic", models.critic)):
+                if engine is None:
+                    continue
+                full = engine.full_state_dict()  # collective under FSDP
+                if self.rank == 0:
+                    engine.inner.save_pretrained(  # type: ignore[operator]
+                        str(tmp / f"agent{agent}" / role),
+                        state_dict=full)
+                    models.tokenizer.save_pretrained(str(tmp / f"agent{agent}" / role))
+                rank_state[f"agent{agent}/{role}"] = engine.training_state()
+        checkpoint.save_rank_state(tmp, self.rank, rank_state)
+        if self.rank == 0:
+            assert self.prompts_source is not None
+            checkpoint.save_trainer_state(tmp, {"step": step,
+                                                "loader": self.prompts_source.state_dict()})
+        final = checkpoint.commit(self.checkpoint_root, step, self.rank,
+                                  self.config.trainer.max_checkpoints_to_keep)
+        return str(final)
+
+    def _load_checkpoint(self, folder: Path) -> int:
+        trainer_state = checkpoint.load_trainer_state(folder)
+        rank_state = checkpoint.load_rank_state(folder, self.rank)
+        for agent, models in self.models.items():
+            if models.critic is not None:
+                critic_state = _load_critic_weights(folder / f"agent{agent}" / "critic")
+                models.critic.load_full_state_dict(critic_state)
+            for role, engine in (("actor", models.actor), ("critic", models.critic)):
+                if engine is not None:
+                    engine.load_training_state(rank_state[f"agent{agent}/{role}"])
+        assert self.prompts_source is not None
+        self.prompts_source.load_state_dict(trainer_state["loader"])
+        self.kl_controller.value = float(rank_state["kl_coef"])
+        checkpoint.restore_rng(rank_state["rng"])
+        return int(trainer_state["step"]) + 1
+
+
+def total_training_steps(config: JobConfig, batches_per_epoch: int) -> int:
+    """`trainer.total_training_steps` when set, else epochs x batches per epoch."""
+    explicit = config.trainer.total_training_steps
+    return explicit if explicit else config.trainer.total_epochs * batches_per_epoch
+
+
+def _load_critic_weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def _kl_controller(config: JobConfig) -> KLController:
+    kl = config.algorithm.kl_ctrl
+    if kl.type == "adaptive":
+        return AdaptiveKLController(kl.kl_coef, kl.target_kl, kl.horizon)
+    return FixedKLController(kl.kl_coef)

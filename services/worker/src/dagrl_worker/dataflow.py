@@ -1,0 +1,107 @@
+"""Moving Batches along the DAG's edges: the local cache or the databuffer.
+
+For an edge producer -> consumer, the consumer reads from this rank's local cache when
+the producer ran here with the same layout (same ranks, same dp size): nothing is
+serialized. Otherwise the producer puts its shard into the databuffer and every consumer
+rank gets its resharded part (groups whole, balanced by tokens). Edges into a training
+node also go through the databuffer when `trainer.balance_batch` is on and the node is
+data parallel, so ranks train on token-balanced shards (rollout lengths vary).
+
+Nothing here sends batch data to the driver.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from dagrl.batch import Batch
+from dagrl.errors import BatchError
+from dagrl.workflow import NodeRole, NodeType, TaskGraph
+from dagrl_worker.plan_view import PlanView
+
+
+class ShardStore(Protocol):
+    """The part of the databuffer client the worker uses."""
+
+    def put(self, job_id: str, step: int, edge: str, producer_rank: int,
+            batch: Batch) -> None: ...
+
+    def get(self, job_id: str, step: int, edge: str, dp_rank: int, dp_size: int,
+            producers: int) -> Batch: ...
+
+
+def edge_name(producer: str, consumer: str) -> str:
+    return f"{producer}->{consumer}"
+
+
+@dataclass
+class EdgeRouter:
+    """Decides, per edge, local or databuffer, and moves the Batches accordingly."""
+
+    graph: TaskGraph
+    plan: PlanView
+    rank: int
+    job_id: str
+    store: ShardStore | None
+    balance_batch: bool = True
+    local: dict[str, Batch] = field(default_factory=dict)
+    bytes_through_buffer: int = 0
+
+    def is_local(self, producer: str, consumer: str) -> bool:
+        made, used = self.plan.layout(producer), self.plan.layout(consumer)
+        if made.ranks != used.ranks or made.dp_size != used.dp_size:
+            return False
+        node = self.graph[consumer]
+        trains = (node.node_type == NodeType.MODEL_TRAIN and not node.only_forward_compute
+                  and node.node_role in (NodeRole.ACTOR, NodeRole.CRITIC))
+        return not (self.balance_batch and trains and used.dp_size > 1)
+
+    def publish(self, step: int, producer: str, batch: Batch) -> None:
+        """Hand a node's output to each consumer edge."""
+        self.local[producer] = batch
+        layout = self.plan.layout(producer)
+        for consumer in self.graph.children(producer):
+            if not self.is_local(producer, consumer):
+                self._require_store().put(self.job_id, step, edge_name(producer, consumer),
+                                          layout.dp_rank(self.rank), batch)
+
+    def inputs(self, step: int, consumer: str) -> Batch:
+        """The consumer's input on this rank: its parents' outputs, joined row by row."""
+        parents = self.graph.parents(consumer)
+        layout = self.plan.layout(consumer)
+        parts = []
+        for producer in parents:
+            if self.is_local(producer, consumer):
+                parts.append(self.local[producer])
+            else:
+                producers = self.plan.layout(producer).dp_size
+                parts.append(self._require_store().get(
+                    self.job_id, step, edge_name(producer, consumer),
+                    layout.dp_rank(self.rank), layout.dp_size, producers))
+        return join_by_uid(parts)
+
+    def clear(self) -> None:
+        self.local.clear()
+
+    def _require_store(self) -> ShardStore:
+        if self.store is None:
+            raise RuntimeError("this plan moves data between layouts but the worker has no "
+                               "databuffer: set services.redis_url")
+        return self.store
+
+
+def join_by_uid(parts: list[Batch]) -> Batch:
+    """Fan-in: the union of the parents' fields over the first parent's rows (by uid)."""
+    joined = parts[0]
+    for other in parts[1:]:
+        if other.uids != joined.uids:
+            position = {uid: i for i, uid in enumerate(other.uids)}
+            missing = [u for u in joined.uids if u not in position]
+            if missing:
+                raise BatchError(f"fan-in: {len(missing)} samples (e.g. {missing[0]!r}) reached "
+                                 "one parent edge but not the other")
+            other = other.select([position[u] for u in joined.uids])
+        shared = set(joined.field_names) & set(other.field_names)
+        joined = joined.union(other.without_fields(shared - {"uid", "group_id"}))
+    return joined

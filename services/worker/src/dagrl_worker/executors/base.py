@@ -1,0 +1,67 @@
+"""What every node executor sees: the step context and the rank's models.
+
+An executor is a plain object with `run(batch, ctx) -> Batch`: it reads the fields it
+needs from its input Batch and returns the Batch with the fields it adds. Executors
+never talk to Ray, Redis or other ranks' data; the DAGWorker moves Batches between
+them. Models (the policy engine, the reference, the critic) live in `AgentModels`,
+one per agent group, built once in `init_graph`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from dagrl.algorithms import KLController
+from dagrl.batch import Batch
+from dagrl.config import JobConfig
+from dagrl_worker.metrics import MetricSink
+from dagrl_worker.rollout import RolloutBackend
+from dagrl_worker.training.engine import TrainEngine
+from dagrl_worker.training.parallel import DataParallel
+
+
+@dataclass
+class AgentModels:
+    """The models of one agent group on this rank (any may be absent)."""
+
+    tokenizer: PreTrainedTokenizerBase
+    actor: TrainEngine | None = None
+    rollout: RolloutBackend | None = None
+    reference: PreTrainedModel | None = None
+    critic: TrainEngine | None = None
+    # A full copy of a sharded actor that the rollout generates with (None: the rollout
+    # shares the actor's own module); refreshed after every actor update.
+    rollout_copy: torch.nn.Module | None = None
+
+
+@dataclass
+class StepContext:
+    """Per-step state an executor may use; `sink` collects this rank's metrics."""
+
+    step: int
+    rank: int
+    config: JobConfig
+    sink: MetricSink
+    kl_controller: KLController
+    # Runs the nodes upstream of the calling node again on a fresh prompt batch (DAPO
+    # dynamic sampling draws more prompts this way); set by the DAGWorker.
+    regenerate: Callable[[str, int], Batch] | None = None
+    dp: DataParallel = field(default_factory=DataParallel)
+
+
+class Executor(Protocol):
+    def run(self, batch: Batch, ctx: StepContext) -> Batch: ...
+
+
+def response_tokens(batch: Batch) -> float:
+    return float(batch.tensors["response_mask"].sum()) if "response_mask" in batch else 0.0
+
+
+def sequence_scores(batch: Batch) -> torch.Tensor:
+    """Each sample's total token-level score. # [B]"""
+    return batch.tensors["token_level_scores"].sum(dim=1)

@@ -1,0 +1,172 @@
+"""Executors that compute on Batches without a model: reward, advantage, dynamic sampling,
+custom `module:function` nodes, data loading and barriers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dagrl.algorithms import AdvantageInputs, apply_kl_penalty, compute_advantage, kl_penalty
+from dagrl.batch import Batch, concat
+from dagrl.errors import RewardError
+from dagrl.rewards import compute_score
+from dagrl_worker.executors.base import StepContext, response_tokens, sequence_scores
+from dagrl_worker.metrics import Reduce
+
+ScoreFn = Callable[..., float]
+
+
+class RewardExecutor:
+    """Rule-based (by `data_source`) or custom scoring of each decoded response.
+
+    Adds `token_level_scores` [B, R]: the score on the last response token, 0 elsewhere.
+    """
+
+    def __init__(self, tokenizer: Any, score_fn: ScoreFn = compute_score) -> None:
+        self.tokenizer = tokenizer
+        self.score_fn = score_fn
+
+    def run(self, batch: Batch, ctx: StepContext) -> Batch:
+        mask = batch.tensors["response_mask"]  # [B, R]
+        texts = self.tokenizer.batch_decode(
+            [row[m.bool()].tolist() for row, m in zip(batch.tensors["responses"], mask,
+                                                       strict=True)],
+            skip_special_tokens=True)
+        scores = torch.tensor([self._score(batch, i, text) for i, text in enumerate(texts)])
+        lengths = mask.sum(dim=1)  # [B]
+        token_scores = torch.zeros(mask.shape, dtype=torch.float32)  # [B, R]
+        has_tokens = lengths > 0
+        rows = torch.arange(len(batch))[has_tokens]
+        token_scores[rows, (lengths[has_tokens] - 1)] = scores[has_tokens]
+        ctx.sink.add("critic/score/mean", float(scores.mean()), Reduce.MEAN, weight=len(batch))
+        ctx.sink.add("critic/score/max", float(scores.max()), Reduce.MAX)
+        ctx.sink.add("critic/score/min", float(scores.min()), Reduce.MIN)
+        return batch.with_fields(tensors={"token_level_scores": token_scores})
+
+    def _score(self, batch: Batch, row: int, text: str) -> float:
+        columns = batch.columns
+        extra = columns["extra_info"][row] if "extra_info" in columns else None
+        value = self.score_fn(columns["data_source"][row], text,
+                              columns["ground_truth"][row], extra)
+        if not isinstance(value, int | float) or value != value:
+            raise RewardError(f"reward function returned {value!r} for sample "
+                              f"{batch.uids[row]!r}; it must return a finite number")
+        return float(value)
+
+
+class AdvantageExecutor:
+    """Token-level rewards (scores, minus a KL penalty when configured) -> advantages."""
+
+    def __init__(self, estimator: str) -> None:
+        self.estimator = estimator
+
+    def run(self, batch: Batch, ctx: StepContext) -> Batch:
+        algorithm = ctx.config.algorithm
+        mask = batch.tensors["response_mask"].float()  # [B, R]
+        rewards = batch.tensors["token_level_scores"]  # [B, R]
+        if algorithm.use_kl_in_reward and "ref_log_probs" in batch:
+            kl = kl_penalty(batch.tensors["old_log_probs"], batch.tensors["ref_log_probs"],
+                            algorithm.kl_penalty)
+            rewards, mean_kl = apply_kl_penalty(rewards, kl, mask, ctx.kl_controller.value)
+            ctx.sink.add("actor/reward_kl_penalty", float(mean_kl), Reduce.MEAN,
+                         weight=len(batch))
+            ctx.sink.add("actor/reward_kl_penalty_coeff", ctx.kl_controller.value, Reduce.MAX)
+            ctx.kl_controller.update(float(mean_kl), len(batch))
+        inputs = AdvantageInputs(
+            token_level_rewards=rewards, response_mask=mask,
+            values=batch.tensors.get("values"), group_ids=batch.group_ids,
+            gamma=algorithm.gamma, lam=algorithm.lam)
+        advantages, returns = compute_advantage(self.estimator, inputs)
+        tokens = response_tokens(batch)
+        token_mean = lambda t: float((t * mask).sum() / max(tokens, 1.0))  # noqa: E731
+        ctx.sink.add("critic/rewards/mean", float(rewards.sum(dim=1).mean()), Reduce.MEAN,
+                     weight=len(batch))
+        ctx.sink.add("critic/advantages/mean", token_mean(advantages), Reduce.MEAN, weight=tokens)
+        ctx.sink.add("critic/returns/mean", token_mean(returns), Reduce.MEAN, weight=tokens)
+        return batch.with_fields(tensors={"token_level_rewards": rewards,
+                                          "advantages": advantages, "returns": returns})
+
+
+class DynamicSamplingExecutor:
+    """DAPO dynamic sampling: keep only groups whose scores differ; draw more prompts
+    (rerunning the upstream nodes) until this rank holds its share of prompts, or the
+    configured number of generation rounds is spent."""
+
+    def __init__(self, node_id: str, target_groups: int) -> None:
+        self.node_id = node_id
+        self.target_groups = target_groups
+
+    def run(self, batch: Batch, ctx: StepContext) -> Batch:
+        limit = ctx.config.algorithm.filter_groups.max_num_gen_batches
+        kept, rounds, dropped = [self._informative(batch)], 1, 0
+        dropped += _group_count(batch) - _group_count(kept[0])
+        while sum(_group_count(b) for b in kept) < self.target_groups and (
+                limit == 0 or rounds < limit) and ctx.regenerate is not None:
+            more = ctx.regenerate(self.node_id, rounds)
+            informative = self._informative(more)
+            dropped += _group_count(more) - _group_count(informative)
+            kept.append(informative)
+            rounds += 1
+        result = _first_groups(concat(kept), self.target_groups)
+        ctx.sink.add("dynamic_sampling/filtered_groups", dropped, Reduce.SUM)
+        ctx.sink.add("dynamic_sampling/kept_groups", _group_count(result), Reduce.SUM)
+        ctx.sink.add("dynamic_sampling/generation_rounds", rounds, Reduce.MAX)
+        return result
+
+    def _informative(self, batch: Batch) -> Batch:
+        scores = sequence_scores(batch).tolist()
+        by_group: dict[str, set[float]] = {}
+        for group, score in zip(batch.group_ids, scores, strict=True):
+            by_group.setdefault(group, set()).add(score)
+        keep = [i for i, g in enumerate(batch.group_ids) if len(by_group[g]) > 1]
+        return batch.select(keep)
+
+
+def _group_count(batch: Batch) -> int:
+    return len(set(batch.group_ids)) if len(batch) else 0
+
+
+def _first_groups(batch: Batch, count: int) -> Batch:
+    order: list[str] = []
+    for group in batch.group_ids:
+        if group not in order:
+            order.append(group)
+    wanted = set(order[:count])
+    return batch.select([i for i, g in enumerate(batch.group_ids) if g in wanted])
+
+
+class CustomExecutor:
+    """A user function `fn(batch, ctx) -> Batch` named by the node's `executable_ref`."""
+
+    def __init__(self, node_id: str, fn: Callable[[Batch, StepContext], Batch]) -> None:
+        self.node_id = node_id
+        self.fn = fn
+
+    def run(self, batch: Batch, ctx: StepContext) -> Batch:
+        result = self.fn(batch, ctx)
+        if not isinstance(result, Batch):
+            raise TypeError(f"node {self.node_id!r}: its function returned "
+                            f"{type(result).__name__}, expected a dagrl Batch")
+        return result
+
+
+class PassThroughExecutor:
+    """DATA_LOAD: the step's prompt batch enters the graph here unchanged."""
+
+    def run(self, batch: Batch, ctx: StepContext) -> Batch:
+        return batch
+
+
+class BarrierExecutor:
+    """BARRIER_SYNC: every rank of the node's group waits here for the others."""
+
+    def __init__(self, group: dist.ProcessGroup | None) -> None:
+        self.group = group
+
+    def run(self, batch: Batch, ctx: StepContext) -> Batch:
+        if dist.is_initialized():
+            dist.barrier(group=self.group)
+        return batch

@@ -1,0 +1,70 @@
+"""Step metrics with a reducer declared where each value is recorded.
+
+A node records `sink.add("actor/pg_loss", value, Reduce.MEAN, weight=tokens)`; the sink
+folds repeated values on one rank (micro-batches) and `merge` folds the per-rank
+summaries in the driver. The reducer travels with the value, so nothing downstream
+guesses how to combine a metric from its name.
+
+A rank's summary is a small dict {name: [reducer, value, weight]} — metrics only, never
+batch data: this is all the driver receives from a step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from enum import StrEnum
+
+
+class Reduce(StrEnum):
+    MEAN = "mean"  # weighted mean (weight: tokens, samples, or 1)
+    SUM = "sum"
+    MAX = "max"
+    MIN = "min"
+
+
+Summary = dict[str, list]  # name -> [reducer, value, weight]
+
+
+def _fold(reducer: Reduce, a: float, wa: float, b: float, wb: float) -> tuple[float, float]:
+    if reducer == Reduce.MEAN:
+        total = wa + wb
+        return ((a * wa + b * wb) / total if total else 0.0), total
+    if reducer == Reduce.SUM:
+        return a + b, wa + wb
+    if reducer == Reduce.MAX:
+        return max(a, b), wa + wb
+    return min(a, b), wa + wb
+
+
+class MetricSink:
+    """Collects one rank's metrics for one step."""
+
+    def __init__(self) -> None:
+        self._values: Summary = {}
+
+    def add(self, name: str, value: float, reduce: Reduce, weight: float = 1.0) -> None:
+        value, weight = float(value), float(weight)
+        if reduce == Reduce.MEAN and weight <= 0:
+            return
+        if name not in self._values:
+            self._values[name] = [reduce.value, value, weight]
+            return
+        reducer, old, old_weight = self._values[name]
+        if reducer != reduce.value:
+            raise ValueError(f"metric {name!r} recorded with reducers {reducer} and {reduce}")
+        self._values[name][1:] = _fold(reduce, old, old_weight, value, weight)
+
+    def extend(self, summary: Mapping[str, list]) -> None:
+        for name, (reducer, value, weight) in summary.items():
+            self.add(name, value, Reduce(reducer), weight)
+
+    def summary(self) -> Summary:
+        return {k: list(v) for k, v in self._values.items()}
+
+
+def merge(summaries: Iterable[Mapping[str, list]]) -> dict[str, float]:
+    """Fold the per-rank summaries of one step into final values."""
+    sink = MetricSink()
+    for summary in summaries:
+        sink.extend(summary)
+    return {name: value for name, (_r, value, _w) in sink.summary().items()}

@@ -1,0 +1,82 @@
+"""The scheduler's plan as the worker reads it (the worker never imports the scheduler).
+
+The plan arrives as a `dagrl.scheduler.v1.Plan` proto. The worker relies on:
+- `world_size`;
+- `layouts`: per node, the ranks that run it and its dp/tp/pp sizes (a rank's dp rank is
+  its position in `ranks` when tp = pp = 1);
+- `process_groups`: in the order every rank must create them, each with its ranks and the
+  model nodes that train or run on it.
+
+`colocated_plan` builds the simplest plan (every node on every rank, one group per agent
+group's model nodes) for tests and for running a DAGWorker without the scheduler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
+from dagrl.workflow import TaskGraph
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    node_id: str
+    ranks: tuple[int, ...]
+    dp_size: int
+
+    def dp_rank(self, rank: int) -> int:
+        return self.ranks.index(rank)
+
+    def runs_on(self, rank: int) -> bool:
+        return rank in self.ranks
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    name: str
+    ranks: tuple[int, ...]
+    node_ids: tuple[str, ...]
+
+
+class PlanView:
+    def __init__(self, plan: scheduler_pb2.Plan) -> None:
+        self.world_size = plan.world_size
+        self.layouts = {
+            layout.node_id: NodeLayout(layout.node_id, tuple(layout.ranks),
+                                       layout.dp_size or len(layout.ranks))
+            for layout in plan.layouts
+        }
+        self.groups = [GroupSpec(g.name, tuple(g.ranks), tuple(g.node_ids))
+                       for g in plan.process_groups]
+
+    def layout(self, node_id: str) -> NodeLayout:
+        if node_id not in self.layouts:
+            raise KeyError(f"the plan has no layout for node {node_id!r}; "
+                           f"it lays out {sorted(self.layouts)}")
+        return self.layouts[node_id]
+
+    def nodes_on(self, rank: int) -> set[str]:
+        return {node_id for node_id, layout in self.layouts.items() if layout.runs_on(rank)}
+
+    def group_of(self, node_id: str) -> GroupSpec | None:
+        """The process group a model node spans (None for nodes without one)."""
+        for group in self.groups:
+            if node_id in group.node_ids:
+                return group
+        return None
+
+
+def colocated_plan(graph: TaskGraph, world_size: int) -> scheduler_pb2.Plan:
+    """Every node on every rank; one process group per agent group's model nodes."""
+    ranks = list(range(world_size))
+    plan = scheduler_pb2.Plan(world_size=world_size)
+    for node in graph.nodes:
+        plan.layouts.add(node_id=node.node_id, dp_size=world_size, tp_size=1, pp_size=1,
+                         ranks=ranks)
+    for agent in graph.agent_groups():
+        model_nodes = [n.node_id for n in graph.nodes
+                       if n.is_model_node() and n.agent_group == agent]
+        if model_nodes:
+            plan.process_groups.add(name=f"agent{agent}", ranks=ranks, node_ids=model_nodes)
+    return plan

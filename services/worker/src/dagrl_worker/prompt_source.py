@@ -1,0 +1,74 @@
+"""Where a worker's prompts come from: the training stream, validation, and extra draws.
+
+Every rank builds the same loader (same files, seed and order) and takes its dp slice of
+each global batch, so ranks agree on the step's prompts without a coordinator. Extra
+prompts for dynamic sampling are drawn with an RNG keyed by (seed, step, round, rank),
+so they never move the shared loader and a resumed run draws the same ones again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dagrl.config import JobConfig
+from dagrl.data import PromptDataset, StatefulPromptLoader
+from dagrl.errors import DatasetError
+from dagrl_worker.prompts import PromptRows, dp_slice
+
+_OVERLONG = {"error": "error", "left": "truncate_left", "right": "filter"}
+
+
+class PromptSource:
+    def __init__(self, config: JobConfig, tokenizer: Any) -> None:
+        data = config.data
+        if not data.train_files:
+            raise DatasetError("data.train_files is empty: point it at parquet files with "
+                               "prompt, ground_truth and data_source columns")
+        overlong = _OVERLONG[data.truncation]
+        self.train = PromptDataset(list(data.train_files), tokenizer, data.max_prompt_length,
+                                   overlong=overlong)
+        self.val = (PromptDataset(list(data.val_files), tokenizer, data.max_prompt_length,
+                                  overlong=overlong)
+                    if data.val_files else None)
+        self.loader = StatefulPromptLoader(self.train, data.train_batch_size,
+                                           shuffle=data.shuffle, seed=data.seed)
+        self._iterator: Any = None
+        self.seed = data.seed
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return len(self.loader)
+
+    def next_batch(self) -> PromptRows:
+        """The next global training batch, moving on to the next epoch when one ends."""
+        for _ in range(2):
+            if self._iterator is None:
+                self._iterator = iter(self.loader)
+            try:
+                return next(self._iterator)
+            except StopIteration:
+                self._iterator = None
+        raise DatasetError("the prompt loader yielded no batch in a fresh epoch")
+
+    def extra_batch(self, size: int, step: int, round_index: int, rank: int) -> PromptRows:
+        """`size` prompts drawn at random for dynamic-sampling round `round_index`."""
+        rng = np.random.default_rng([self.seed, step, round_index, rank])
+        picks = rng.choice(len(self.train), size=min(size, len(self.train)), replace=False)
+        rows = [self.train[int(i)] for i in picks]
+        return {key: [row[key] for row in rows] for key in rows[0]} if rows else {}
+
+    def val_rows(self, dp_rank: int, dp_size: int) -> PromptRows:
+        if self.val is None or len(self.val) == 0:
+            return {}
+        rows = [self.val[i] for i in range(len(self.val))]
+        everything = {key: [row[key] for row in rows] for key in rows[0]}
+        return dp_slice(everything, dp_rank, dp_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)
+        self._iterator = None

@@ -1,0 +1,120 @@
+"""TrainEngine: one trainable model, data parallel over its node's process group.
+
+Owns wrapping (DDP, or FSDP2's `fully_shard`), the optimizer and LR schedule, gradient
+accumulation over micro-batches, clipping, and the model's full state for checkpoints
+and weight sync. It does not know about PPO: `dagrl_worker.training.ppo` drives it.
+
+On CPU the process group is gloo; on GPU NCCL. With one rank the module is not wrapped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    set_model_state_dict,
+)
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.nn.parallel import DistributedDataParallel
+
+from dagrl.config import OptimConfig
+from dagrl_worker.training.optim import build_optimizer, build_scheduler
+from dagrl_worker.training.parallel import DataParallel
+
+Strategy = Literal["fsdp", "ddp"]
+
+
+class TrainEngine:
+    def __init__(self, module: torch.nn.Module, optim: OptimConfig, total_steps: int,
+                 dp: DataParallel, strategy: Strategy = "ddp") -> None:
+        self.inner = module
+        self.dp = dp
+        self.strategy = strategy
+        self.grad_clip = optim.grad_clip
+        self.module = self._wrap(module)
+        self.optimizer = build_optimizer([p for p in self.module.parameters()
+                                          if p.requires_grad], optim)
+        self.scheduler = build_scheduler(self.optimizer, total_steps, optim)
+
+    def _wrap(self, module: torch.nn.Module) -> torch.nn.Module:
+        if not self.dp.is_distributed:
+            return module
+        if self.strategy == "ddp":
+            return DistributedDataParallel(module, process_group=self.dp.group)
+        device = next(module.parameters()).device.type
+        assert self.dp.group is not None
+        mesh = DeviceMesh.from_group(self.dp.group, device_type=device)
+        for layer in _decoder_layers(module):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(module, mesh=mesh)
+        return module
+
+    @contextlib.contextmanager
+    def accumulate(self, is_last_micro_batch: bool) -> Iterator[None]:
+        """Skip the gradient all-reduce on every micro-batch but the last of a mini-batch."""
+        if is_last_micro_batch or not self.dp.is_distributed:
+            yield
+        elif isinstance(self.module, DistributedDataParallel):
+            with self.module.no_sync():
+                yield
+        elif isinstance(self.module, FSDPModule):
+            self.module.set_requires_gradient_sync(False)
+            try:
+                yield
+            finally:
+                self.module.set_requires_gradient_sync(True)
+        else:
+            yield
+
+    def optimizer_step(self) -> float:
+        """Clip, step, advance the LR schedule; returns the pre-clip global grad norm."""
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2 returns a DTensor
+            grad_norm = grad_norm.full_tensor()
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return float(grad_norm)
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def full_state_dict(self) -> dict[str, Any]:
+        """Every parameter, unsharded, on CPU (collective under FSDP: call on every rank)."""
+        if isinstance(self.module, FSDPModule):
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            return get_model_state_dict(self.module, options=options)
+        return {k: v.detach().cpu() for k, v in self.inner.state_dict().items()}
+
+    def load_full_state_dict(self, state: dict[str, Any]) -> None:
+        if isinstance(self.module, FSDPModule):
+            options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
+            set_model_state_dict(self.module, state, options=options)
+        else:
+            self.inner.load_state_dict(state)
+
+    def training_state(self) -> dict[str, Any]:
+        """Optimizer and LR-schedule state for a checkpoint (this rank's shard under FSDP)."""
+        return {"optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict()}
+
+    def load_training_state(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+
+def _decoder_layers(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks of an HF causal LM (`model.layers`), sharded one by one."""
+    backbone = getattr(module, "model", None)
+    layers = getattr(backbone, "layers", None)
+    return list(layers) if layers is not None else []

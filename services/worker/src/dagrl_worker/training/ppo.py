@@ -1,0 +1,202 @@
+"""PPO-style updates of the actor and the critic over one rank's share of a step's samples.
+
+Data-parallel ranks may hold different numbers of samples (dynamic sampling and
+token-balanced resharding make shards uneven). The loops stay in lock step anyway:
+- every rank splits its rows into the same number of mini-batches (one optimizer step
+  each) and, per mini-batch, into the same number of micro-batches (the maximum over
+  ranks; a rank that runs out feeds a fully masked row, which adds zero gradient);
+- each micro-batch's loss is scaled by `dp_size * local_denominator / global_denominator`,
+  so after DDP averages gradients the update equals the loss aggregated over the whole
+  global mini-batch (`token-mean` over every token of every rank, `seq-mean-*` over every
+  sequence) — the same update as one big batch on one rank.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from dagrl.algorithms import (
+    PolicyLossConfig,
+    agg_loss,
+    compute_value_loss,
+    get_policy_loss_fn,
+    kl_penalty,
+)
+from dagrl.batch import Batch
+from dagrl.config import ActorConfig, CriticConfig
+from dagrl_worker.metrics import MetricSink, Reduce
+from dagrl_worker.training.engine import TrainEngine
+from dagrl_worker.training.forward import response_log_probs, response_values
+from dagrl_worker.training.parallel import DataParallel
+
+
+@dataclass(frozen=True)
+class MiniBatchPlan:
+    mini_batches: int  # optimizer steps per epoch (the same on every rank)
+    micro_batch_size: int  # samples per forward/backward
+    epochs: int
+
+
+def _denominator(mask: torch.Tensor, mode: str) -> float:
+    """What `agg_loss(mode)` divides by on these rows: tokens, or non-empty sequences."""
+    if mode == "token-mean":
+        return float(mask.sum())
+    return float((mask.sum(dim=1) > 0).sum())
+
+
+def _micro_batches(engine: TrainEngine, mini: Batch, size: int) -> list[Batch | None]:
+    """Rows of `mini` in micro-batches, padded with None to the count of the busiest rank."""
+    count = engine.dp.max_int(math.ceil(len(mini) / size) if len(mini) else 0)
+    pieces: list[Batch | None] = [mini.slice(i, i + size) for i in range(0, len(mini), size)]
+    return pieces + [None] * (count - len(pieces))
+
+
+_PER_TOKEN_FIELDS = ("old_log_probs", "ref_log_probs", "advantages", "returns", "values")
+
+
+def masked_out_row(template: Batch) -> Batch:
+    """One row like `template`'s first, with an all-zero response mask (zero loss).
+
+    A rank that holds no rows at all (fewer groups than ranks) gets a one-token row of
+    token id 0 with every per-token field the losses read.
+    """
+    if len(template) == 0:
+        one = torch.ones(1, 1, dtype=torch.long)
+        tensors = {"prompts": one * 0, "responses": one * 0, "input_ids": one.repeat(1, 2) * 0,
+                   "attention_mask": one.repeat(1, 2), "position_ids": torch.tensor([[0, 1]])}
+        tensors.update({name: torch.zeros(1, 1) for name in _PER_TOKEN_FIELDS})
+        return Batch(tensors={**tensors, "response_mask": torch.zeros(1, 1, dtype=torch.long)})
+    row = template.slice(0, 1)
+    silent = torch.zeros_like(row.tensors["response_mask"])
+    return row.with_fields(tensors={"response_mask": silent})
+
+
+def run_minibatches(engine: TrainEngine, rows: Batch, plan: MiniBatchPlan, mode: str,
+                    micro_step: Callable[[Batch, float], None]) -> list[float]:
+    """Drive epochs x mini-batches x micro-batches; returns the grad norm of each step.
+
+    `micro_step(micro_batch, loss_scale)` runs forward + backward of one micro-batch.
+    """
+    grad_norms = []
+    template = rows
+    for _epoch in range(plan.epochs):
+        for mini in rows.chunk(plan.mini_batches):
+            mask = mini.tensors["response_mask"]
+            global_denominator = engine.dp.sum(_denominator(mask, mode))[0]
+            micros = _micro_batches(engine, mini, plan.micro_batch_size)
+            for index, micro in enumerate(micros):
+                is_padding = micro is None or len(micro) == 0
+                batch = masked_out_row(template) if micro is None or is_padding else micro
+                local = 0.0 if is_padding else _denominator(batch.tensors["response_mask"], mode)
+                scale = engine.dp.size * local / max(global_denominator, 1.0)
+                with engine.accumulate(index == len(micros) - 1):
+                    micro_step(batch, scale)
+            grad_norms.append(engine.optimizer_step())
+    return grad_norms
+
+
+def update_actor(engine: TrainEngine, rows: Batch, config: ActorConfig, plan: MiniBatchPlan,
+                 temperature: float, sink: MetricSink) -> None:
+    """PPO (or GSPO) policy update with optional entropy bonus and KL-to-reference loss."""
+    loss_config = PolicyLossConfig(config.clip_ratio_low, config.clip_ratio_high,
+                                   config.clip_ratio_c, config.loss_agg_mode)
+    policy_loss = get_policy_loss_fn(config.policy_loss)
+    mode = config.loss_agg_mode
+
+    def micro_step(batch: Batch, scale: float) -> None:
+        mask = batch.tensors["response_mask"].float()  # [b, R]
+        log_prob, entropy = response_log_probs(engine.module, batch, temperature,
+                                               with_entropy=True)
+        pg_loss, stats = policy_loss(batch.tensors["old_log_probs"], log_prob,
+                                     batch.tensors["advantages"], mask, loss_config)
+        loss = pg_loss
+        tokens = float(mask.sum())
+        if entropy is not None:
+            entropy_loss = agg_loss(entropy, mask, mode)
+            loss = loss - config.entropy_coeff * entropy_loss
+            sink.add("actor/entropy", float(entropy_loss.detach()), Reduce.MEAN, weight=tokens)
+        if config.use_kl_loss:
+            kl = kl_penalty(log_prob, batch.tensors["ref_log_probs"], config.kl_loss_type)
+            kl_loss = agg_loss(kl, mask, mode)
+            loss = loss + config.kl_loss_coef * kl_loss
+            sink.add("actor/kl_loss", float(kl_loss.detach()), Reduce.MEAN, weight=tokens)
+        (loss * scale).backward()
+        sink.add("actor/pg_loss", float(pg_loss.detach()), Reduce.MEAN, weight=tokens)
+        sink.add("actor/pg_clipfrac", float(stats.pg_clipfrac), Reduce.MEAN, weight=tokens)
+        sink.add("actor/pg_clipfrac_lower", float(stats.pg_clipfrac_lower), Reduce.MEAN,
+                 weight=tokens)
+        sink.add("actor/ppo_kl", float(stats.ppo_kl), Reduce.MEAN, weight=tokens)
+
+    for grad_norm in run_minibatches(engine, rows, plan, mode, micro_step):
+        sink.add("actor/grad_norm", grad_norm, Reduce.MEAN)
+    sink.add("actor/lr", engine.lr, Reduce.MAX)
+
+
+def update_critic(engine: TrainEngine, rows: Batch, config: CriticConfig,
+                  plan: MiniBatchPlan, sink: MetricSink) -> None:
+    """PPO value-function update with value clipping around the rollout-time values."""
+    mode = config.loss_agg_mode
+
+    def micro_step(batch: Batch, scale: float) -> None:
+        mask = batch.tensors["response_mask"].float()  # [b, R]
+        values = response_values(engine.module, batch)  # [b, R]
+        vf_loss, vf_clipfrac = compute_value_loss(
+            values, batch.tensors["returns"], batch.tensors["values"], mask,
+            config.cliprange_value, mode)
+        (vf_loss * scale).backward()
+        tokens = float(mask.sum())
+        sink.add("critic/vf_loss", float(vf_loss.detach()), Reduce.MEAN, weight=tokens)
+        sink.add("critic/vf_clipfrac", float(vf_clipfrac), Reduce.MEAN, weight=tokens)
+
+    for grad_norm in run_minibatches(engine, rows, plan, mode, micro_step):
+        sink.add("critic/grad_norm", grad_norm, Reduce.MEAN)
+    sink.add("critic/lr", engine.lr, Reduce.MAX)
+
+
+@torch.no_grad()
+def forward_in_micro_batches(module: torch.nn.Module, rows: Batch, micro_batch_size: int,
+                             forward: Callable[[torch.nn.Module, Batch], torch.Tensor],
+                             peers: DataParallel | None = None) -> torch.Tensor:
+    """`forward` over rows in micro-batches, concatenated. # [B, R]
+
+    Pass `peers` when the module is sharded (FSDP all-gathers in forward): every rank then
+    runs as many forwards as the busiest one (the extra ones on a masked-out row).
+    """
+    pieces = [rows.slice(i, i + micro_batch_size) for i in range(0, len(rows), micro_batch_size)]
+    padding = peers.max_int(len(pieces)) - len(pieces) if peers is not None else 0
+    was_training = module.training
+    module.eval()
+    try:
+        outputs = [forward(module, piece) for piece in pieces]
+        for _ in range(padding):
+            forward(module, masked_out_row(rows))
+    finally:
+        module.train(was_training)
+    width = rows.tensors["responses"].shape[1]
+    return torch.cat(outputs, dim=0) if outputs else torch.zeros(0, width)
+
+
+def forward_module(engine: TrainEngine) -> tuple[torch.nn.Module, DataParallel | None]:
+    """The module to run forward-only passes on, and the peers to pad with if sharded.
+
+    DDP's forward needs no collective, so forward-only passes use the unwrapped module.
+    """
+    if engine.strategy == "fsdp" and engine.dp.is_distributed:
+        return engine.module, engine.dp
+    return engine.inner, None
+
+
+def compute_log_probs(module: torch.nn.Module, rows: Batch, micro_batch_size: int,
+                      temperature: float, peers: DataParallel | None = None) -> torch.Tensor:
+    return forward_in_micro_batches(
+        module, rows, micro_batch_size,
+        lambda m, b: response_log_probs(m, b, temperature)[0], peers)
+
+
+def compute_values(module: torch.nn.Module, rows: Batch, micro_batch_size: int,
+                   peers: DataParallel | None = None) -> torch.Tensor:
+    return forward_in_micro_batches(module, rows, micro_batch_size, response_values, peers)
