@@ -11,6 +11,11 @@ Keys (`{id}` is the job id):
 
 State machine: PENDING -> PLANNING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED, plus
 FAILED or CANCELLED from any non-final state. A final state never changes again.
+
+Every write is one optimistic transaction (WATCH the record, write only the changed fields,
+append the event): a driver reporting progress and a scheduler cancelling the job at the same
+moment cannot undo each other's change. Each event carries the state, step, total_steps and
+failure reason as of that event, so a watcher replays the history exactly (`read_job_events`).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -84,6 +89,9 @@ class JobRecord:
     cancel_requested: bool = False
     created_unix_ms: int = 0
     updated_unix_ms: int = 0
+    driver_pid: int = 0  # the driver process, on driver_host; 0 before launch
+    driver_host: str = ""
+    driver_log: str = ""  # path of the driver's log file on driver_host
 
     def to_hash(self) -> dict[str, bytes]:
         return {
@@ -97,6 +105,8 @@ class JobRecord:
             "cancel_requested": b"1" if self.cancel_requested else b"0",
             "created_unix_ms": str(self.created_unix_ms).encode(),
             "updated_unix_ms": str(self.updated_unix_ms).encode(),
+            "driver_pid": str(self.driver_pid).encode(),
+            "driver_host": self.driver_host.encode(), "driver_log": self.driver_log.encode(),
         }
 
     @classmethod
@@ -114,7 +124,35 @@ class JobRecord:
             cancel_requested=text["cancel_requested"] == b"1",
             created_unix_ms=int(text["created_unix_ms"]),
             updated_unix_ms=int(text["updated_unix_ms"]),
+            driver_pid=int(text.get("driver_pid", b"0")),
+            driver_host=text.get("driver_host", b"").decode(),
+            driver_log=text.get("driver_log", b"").decode(),
         )
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """One entry of a job's event stream: the record's state and progress at that moment."""
+
+    event_id: str
+    state: JobState
+    step: int
+    total_steps: int
+    failure_reason: str
+
+    @classmethod
+    def from_entry(cls, event_id: str, fields: Mapping[bytes, bytes]) -> JobEvent:
+        def text(name: str, default: str = "") -> str:
+            raw = fields.get(name.encode())
+            return raw.decode() if raw is not None else default
+
+        return cls(event_id, JobState(text("state")), int(text("step", "0")),
+                   int(text("total_steps", "0")), text("reason"))
+
+
+def _event_fields(record: JobRecord) -> dict[str, str | int]:
+    return {"state": record.state.value, "step": record.step, "total_steps": record.total_steps,
+            "reason": record.failure_reason}
 
 
 def new_job_id() -> str:
@@ -137,7 +175,7 @@ class JobStore:
         pipe = self._redis.pipeline(transaction=True)
         pipe.hset(job_key(record.job_id), mapping=record.to_hash())
         pipe.zadd(JOBS_INDEX_KEY, {record.job_id: now})
-        pipe.xadd(job_events_key(record.job_id), {"state": record.state.value, "step": 0})
+        pipe.xadd(job_events_key(record.job_id), _event_fields(record))
         pipe.execute()
         return record
 
@@ -160,26 +198,34 @@ class JobStore:
 
     def set_state(self, job_id: str, state: JobState, reason: str = "") -> JobRecord:
         """Move the job to `state`; JobStateError when the state machine forbids it."""
-        current = self.get(job_id)
-        if state == current.state:
-            return current
-        if state not in _NEXT_STATES.get(current.state, set()):
-            raise JobStateError(
-                f"job {job_id} cannot go from {current.state.value} to {state.value}"
-            )
-        return self._update(current, {"state": state, "failure_reason": reason})
+
+        def check(current: JobRecord) -> dict[str, Any] | None:
+            if state == current.state:
+                return None
+            if state not in _NEXT_STATES.get(current.state, set()):
+                raise JobStateError(
+                    f"job {job_id} cannot go from {current.state.value} to {state.value}"
+                )
+            return {"state": state, "failure_reason": reason}
+
+        return self._transact(job_id, check)
 
     def set_plan(self, job_id: str, plan: bytes, total_steps: int) -> JobRecord:
-        return self._update(self.get(job_id), {"plan": plan, "total_steps": total_steps})
+        return self._update(job_id, {"plan": plan, "total_steps": total_steps})
+
+    def set_driver(self, job_id: str, pid: int, host: str, log_path: str) -> JobRecord:
+        """Record where the job's driver process runs and logs (the scheduler, at launch)."""
+        return self._update(job_id, {"driver_pid": pid, "driver_host": host,
+                                     "driver_log": log_path})
 
     def report_progress(self, job_id: str, step: int, total_steps: int,
                         metrics: Mapping[str, float]) -> JobRecord:
         update = {"step": step, "total_steps": total_steps,
                   "metrics": {k: float(v) for k, v in metrics.items()}}
-        return self._update(self.get(job_id), update)
+        return self._update(job_id, update)
 
     def request_cancel(self, job_id: str) -> JobRecord:
-        return self._update(self.get(job_id), {"cancel_requested": True})
+        return self._update(job_id, {"cancel_requested": True})
 
     def is_cancel_requested(self, job_id: str) -> bool:
         return self._redis.hget(job_key(job_id), "cancel_requested") == b"1"
@@ -193,11 +239,47 @@ class JobStore:
         record = self.get(job_id)
         return [(entry_id.decode(), record) for entry_id, _fields in answer[0][1]]
 
-    def _update(self, current: JobRecord, changes: dict[str, Any]) -> JobRecord:
-        record = replace(current, updated_unix_ms=_now_ms(), **changes)
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.hset(job_key(record.job_id), mapping=record.to_hash())
-        pipe.xadd(job_events_key(record.job_id),
-                  {"state": record.state.value, "step": record.step}, maxlen=10000)
-        pipe.execute()
-        return record
+    def read_job_events(self, job_id: str, after: str = "0",
+                        block_ms: int = 1000) -> list[JobEvent]:
+        """Events after stream id `after` (waiting up to block_ms), each as it was recorded."""
+        answer = self._redis.xread({job_events_key(job_id): after}, block=block_ms)
+        if not answer:
+            return []
+        entries = answer[0][1]
+        return [JobEvent.from_entry(entry_id.decode(), fields) for entry_id, fields in entries]
+
+    def _update(self, job_id: str, changes: dict[str, Any]) -> JobRecord:
+        return self._transact(job_id, lambda _current: changes)
+
+    def _transact(self, job_id: str,
+                  decide: Callable[[JobRecord], dict[str, Any] | None]) -> JobRecord:
+        """Read the record, let `decide` return the changes (None: none), write them atomically.
+
+        Only the changed fields are written, under WATCH: when another writer changes the record
+        in between, the transaction is retried on the fresh record.
+        """
+        key = job_key(job_id)
+        with self._redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(key)
+                    data = pipe.hgetall(key)
+                    if not data:
+                        raise JobNotFoundError(
+                            f"no job {job_id!r}; `dagrl status` lists the known jobs")
+                    current = JobRecord.from_hash(data)
+                    changes = decide(current)
+                    if changes is None:
+                        pipe.reset()
+                        return current
+                    record = replace(current, updated_unix_ms=_now_ms(), **changes)
+                    fields = record.to_hash()
+                    written = {name: fields[name] for name in (*changes, "updated_unix_ms")}
+                    pipe.multi()
+                    pipe.hset(key, mapping=written)
+                    pipe.xadd(job_events_key(job_id), _event_fields(record),
+                              maxlen=10000)
+                    pipe.execute()
+                    return record
+                except redis.WatchError:
+                    continue

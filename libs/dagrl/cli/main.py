@@ -11,10 +11,18 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from dagrl.cli import config_cmd, workflow_cmd
+from dagrl.cli import (
+    cancel_cmd,
+    config_cmd,
+    plan_cmd,
+    status_cmd,
+    submit_cmd,
+    watch_cmd,
+    workflow_cmd,
+)
 from dagrl.errors import DagrlError
 
-_COMMANDS = (config_cmd, workflow_cmd)
+_COMMANDS = (config_cmd, workflow_cmd, plan_cmd, submit_cmd, status_cmd, watch_cmd, cancel_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

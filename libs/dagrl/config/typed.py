@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import re
 import types
 import typing
@@ -77,7 +78,7 @@ def _build_dataclass(cls: type, data: Any, path: str, problems: list[str]) -> An
         problems.append(f"{where}: expected a mapping of keys, got {type(data).__name__}")
         return _FAILED
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     for key in data:
         if key not in fields:
             hint = difflib.get_close_matches(str(key), list(fields), n=1)
@@ -103,6 +104,11 @@ def _build_dataclass(cls: type, data: Any, path: str, problems: list[str]) -> An
         prefix = f"{path}: " if path else ""
         problems.extend(f"{prefix}{message}" for message in check())
     return instance
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
 
 
 def _type_name(tp: Any) -> str:

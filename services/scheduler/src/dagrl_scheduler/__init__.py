@@ -1,1 +1,1 @@
-"""dagrl scheduler service: planning a workflow onto a cluster (subgraphs, ranks, placement, process groups) and the job API."""
+"""dagrl scheduler service: plans a workflow onto a cluster; accepts, launches and tracks jobs."""

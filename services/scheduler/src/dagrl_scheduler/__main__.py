@@ -1,14 +1,71 @@
-"""Entry point: `python -m dagrl_scheduler`."""
+"""Entry point: `python -m dagrl_scheduler [--host H] [--port P] [--redis-url URL] ...`.
 
+Settings come from the environment (see config.py), then these flags. `--announce` prints one
+line `DAGRL_SCHEDULER_ADDRESS=host:port` on stdout once serving (the CLI's embedded scheduler
+reads it to learn the port it got with `--port 0`). SIGTERM and SIGINT stop it cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
 import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from types import FrameType
+
+from dagrl.errors import DagrlError
+from dagrl_scheduler.config import SchedulerConfig
+from dagrl_scheduler.server import SchedulerServer
+
+log = logging.getLogger("dagrl_scheduler")
 
 
-def main() -> int:
-    print(
-        "dagrl_scheduler: this service is not built yet; its work is tracked in issue 7",
-        file=sys.stderr,
-    )
-    return 2
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m dagrl_scheduler",
+                                     description="dagrl scheduler service")
+    parser.add_argument("--host", help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="gRPC port (default 50051; 0: any free port)")
+    parser.add_argument("--redis-url", help="job store (default: DAGRL_REDIS_URL)")
+    parser.add_argument("--no-redis", action="store_true",
+                        help="plan only: ignore DAGRL_REDIS_URL and never touch a job store")
+    parser.add_argument("--log-dir", help="folder of the per-job driver logs")
+    parser.add_argument("--announce", action="store_true",
+                        help="print DAGRL_SCHEDULER_ADDRESS=host:port on stdout when serving")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = SchedulerConfig.from_env(host=args.host, port=args.port,
+                                          redis_url=args.redis_url, log_dir=args.log_dir)
+        if args.no_redis:
+            config = _without_redis(config)
+        log.info("settings: %s", config.describe())
+        server = SchedulerServer(config).start()
+    except DagrlError as exc:
+        print(f"dagrl_scheduler: {exc}", file=sys.stderr)
+        return 2
+
+    def shut_down(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal %d: stopping", signum)
+        server.stop()
+
+    signal.signal(signal.SIGTERM, shut_down)
+    signal.signal(signal.SIGINT, shut_down)
+    if args.announce:
+        print(f"DAGRL_SCHEDULER_ADDRESS={server.address}", flush=True)
+    server.wait()
+    return 0
+
+
+def _without_redis(config: SchedulerConfig) -> SchedulerConfig:
+    return replace(config, redis_url=None)
 
 
 if __name__ == "__main__":

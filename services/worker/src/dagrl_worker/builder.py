@@ -10,7 +10,7 @@ error naming the node.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -20,7 +20,8 @@ from dagrl.config import JobConfig, node_config
 from dagrl.refs import resolve_ref
 from dagrl.rewards import compute_score
 from dagrl.workflow import Node, NodeRole, NodeType, TaskGraph
-from dagrl_worker.executors.base import AgentModels, Executor
+from dagrl.batch import Batch
+from dagrl_worker.executors.base import AgentModels, Executor, StepContext
 from dagrl_worker.executors.compute import (
     AdvantageExecutor,
     BarrierExecutor,
@@ -122,12 +123,14 @@ def build_executor(node: Node, models: AgentModels, config: JobConfig, target_gr
     kind, role = node.node_type, node.node_role
     if node.executable_ref and kind in (NodeType.CUSTOM, NodeType.COMPUTE) and (
             role in (NodeRole.DEFAULT,) or kind == NodeType.CUSTOM):
-        return CustomExecutor(node.node_id, resolve_ref(node.executable_ref))
+        function = cast(Callable[[Batch, StepContext], Batch], resolve_ref(node.executable_ref))
+        return CustomExecutor(node.node_id, function)
     if kind == NodeType.MODEL_INFERENCE and role == NodeRole.ROLLOUT:
         return RolloutExecutor(_need(models.rollout, node, "a rollout backend"))
     if role == NodeRole.REWARD and kind == NodeType.COMPUTE:
         ref = options.reward_fn or config.reward.reward_fn or node.executable_ref
-        return RewardExecutor(models.tokenizer, resolve_ref(ref) if ref else compute_score)
+        score_fn = cast(Callable[..., float], resolve_ref(ref)) if ref else compute_score
+        return RewardExecutor(models.tokenizer, score_fn)
     if role == NodeRole.ADVANTAGE:
         return AdvantageExecutor(options.adv_estimator or config.algorithm.adv_estimator)
     if role == NodeRole.DYNAMIC_SAMPLING:

@@ -80,12 +80,13 @@ class DAGWorker:
         return DataParallel(self.groups[group.name], group.ranks.index(self.rank),
                             len(group.ranks))
 
-    def init_graph(self) -> tuple[int, int]:
-        """Build data, models and executors; resume if configured.
+    def init_graph(self, restarting: bool = False) -> tuple[int, int]:
+        """Build data, models and executors; resume if configured (or, when `restarting`
+        after a failure, from the latest committed checkpoint whatever resume_mode says).
 
         Returns (first step to run, total training steps).
         """
-        resume = self._resume_folder()
+        resume = self._latest_folder() if restarting else self._resume_folder()
         policy_path = self.config.actor_rollout_ref.model.path
         tokenizer = AutoTokenizer.from_pretrained(policy_path, local_files_only=True)
         self.prompts_source = PromptSource(self.config, tokenizer)
@@ -179,6 +180,9 @@ class DAGWorker:
             return None
         if trainer.resume_mode == "resume_path":
             return Path(trainer.resume_from_path or "")
+        return self._latest_folder()
+
+    def _latest_folder(self) -> Path | None:
         step = checkpoint.latest_step(self.checkpoint_root)
         return checkpoint.step_dir(self.checkpoint_root, step) if step is not None else None
 
@@ -190,7 +194,7 @@ class DAGWorker:
             for role, engine in (("actor", models.actor), ("critic", models.critic)):
                 if engine is None:
                     continue
-                full = engine.full_state_dict()  # collective under FSDP
+                full = engine.full_state_dict(on_every_rank=False)  # collective under FSDP
                 if self.rank == 0:
                     engine.inner.save_pretrained(  # type: ignore[operator]
                         str(tmp / f"agent{agent}" / role),

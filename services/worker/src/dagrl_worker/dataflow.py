@@ -13,7 +13,7 @@ Nothing here sends batch data to the driver.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from dagrl.batch import Batch
 from dagrl.errors import BatchError
@@ -22,13 +22,13 @@ from dagrl_worker.plan_view import PlanView
 
 
 class ShardStore(Protocol):
-    """The part of the databuffer client the worker uses."""
+    """The part of the databuffer client (`dagrl_databuffer.client`) the worker uses."""
 
-    def put(self, job_id: str, step: int, edge: str, producer_rank: int,
-            batch: Batch) -> None: ...
+    def put(self, job: str, step: int, edge: str, producer_rank: int, batch: Batch, *,
+            producer_size: int | None = None) -> Any: ...
 
-    def get(self, job_id: str, step: int, edge: str, dp_rank: int, dp_size: int,
-            producers: int) -> Batch: ...
+    def get(self, job: str, step: int, edge: str, dp_rank: int, dp_size: int,
+            producers: int | None = None, *, timeout_s: float = 60.0) -> Batch: ...
 
 
 def edge_name(producer: str, consumer: str) -> str:
@@ -46,7 +46,7 @@ class EdgeRouter:
     store: ShardStore | None
     balance_batch: bool = True
     local: dict[str, Batch] = field(default_factory=dict)
-    bytes_through_buffer: int = 0
+    timeout_s: float = 600.0  # a consumer waits this long for its producers' shards
 
     def is_local(self, producer: str, consumer: str) -> bool:
         made, used = self.plan.layout(producer), self.plan.layout(consumer)
@@ -64,7 +64,8 @@ class EdgeRouter:
         for consumer in self.graph.children(producer):
             if not self.is_local(producer, consumer):
                 self._require_store().put(self.job_id, step, edge_name(producer, consumer),
-                                          layout.dp_rank(self.rank), batch)
+                                          layout.dp_rank(self.rank), batch,
+                                          producer_size=layout.dp_size)
 
     def inputs(self, step: int, consumer: str) -> Batch:
         """The consumer's input on this rank: its parents' outputs, joined row by row."""
@@ -75,10 +76,10 @@ class EdgeRouter:
             if self.is_local(producer, consumer):
                 parts.append(self.local[producer])
             else:
-                producers = self.plan.layout(producer).dp_size
                 parts.append(self._require_store().get(
                     self.job_id, step, edge_name(producer, consumer),
-                    layout.dp_rank(self.rank), layout.dp_size, producers))
+                    layout.dp_rank(self.rank), layout.dp_size,
+                    producers=self.plan.layout(producer).dp_size, timeout_s=self.timeout_s))
         return join_by_uid(parts)
 
     def clear(self) -> None:
@@ -105,3 +106,12 @@ def join_by_uid(parts: list[Batch]) -> Batch:
         shared = set(joined.field_names) & set(other.field_names)
         joined = joined.union(other.without_fields(shared - {"uid", "group_id"}))
     return joined
+
+
+def open_shard_store(redis_url: str | None) -> ShardStore | None:
+    """The databuffer client for `redis_url` (None: no databuffer, local edges only)."""
+    if redis_url is None:
+        return None
+    from dagrl_databuffer.client import DataBufferClient
+
+    return DataBufferClient(redis_url)

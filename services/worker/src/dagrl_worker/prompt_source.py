@@ -14,10 +14,11 @@ import numpy as np
 
 from dagrl.config import JobConfig
 from dagrl.data import PromptDataset, StatefulPromptLoader
+from dagrl.data.prompt_dataset import Overlong
 from dagrl.errors import DatasetError
 from dagrl_worker.prompts import PromptRows, dp_slice
 
-_OVERLONG = {"error": "error", "left": "truncate_left", "right": "filter"}
+_OVERLONG: dict[str, Overlong] = {"error": "error", "left": "truncate_left", "right": "filter"}
 
 
 class PromptSource:

@@ -61,9 +61,9 @@ def _record(sink: MetricSink, batches: list[Batch], n: int) -> None:
     by_source: dict[str, list[float]] = defaultdict(list)
     by_group: dict[tuple[str, str], list[float]] = defaultdict(list)
     for batch in batches:
-        scores = batch.tensors["token_level_scores"].sum(dim=1)  # [B]
+        totals = batch.tensors["token_level_scores"].sum(dim=1).tolist()  # [B]
         for source, group, score in zip(batch.columns["data_source"], batch.group_ids,
-                                        scores.tolist(), strict=True):
+                                        totals, strict=True):
             by_source[source].append(score)
             by_group[(source, group)].append(score)
     for source, scores in by_source.items():

@@ -89,11 +89,16 @@ class TrainEngine:
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
-    def full_state_dict(self) -> dict[str, Any]:
-        """Every parameter, unsharded, on CPU (collective under FSDP: call on every rank)."""
+    def full_state_dict(self, on_every_rank: bool = True) -> dict[str, Any]:
+        """Every parameter, unsharded (collective under FSDP: call on every rank).
+
+        With `on_every_rank=False` only rank 0 gets the tensors (offloaded to CPU), which is
+        all a checkpoint needs; weight sync needs them everywhere.
+        """
         if isinstance(self.module, FSDPModule):
-            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            return get_model_state_dict(self.module, options=options)
+            options = StateDictOptions(full_state_dict=True, cpu_offload=not on_every_rank)
+            state = get_model_state_dict(self.module, options=options)
+            return {k: v.detach().cpu() for k, v in state.items()}  # type: ignore[union-attr]
         return {k: v.detach().cpu() for k, v in self.inner.state_dict().items()}
 
     def load_full_state_dict(self, state: dict[str, Any]) -> None:

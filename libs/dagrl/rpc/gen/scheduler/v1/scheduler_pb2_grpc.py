@@ -70,14 +70,15 @@ class SchedulerServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def PlanJob(self, request, context):
-        """Dry run: validate the job and return the plan without launching anything.
+        """Dry run: validate the job and return the plan without storing or launching anything.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def SubmitJob(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Validate, plan, store and launch the job's driver. Needs the token when one is configured.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -89,19 +90,23 @@ class SchedulerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListJobs(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Jobs, newest first, without their plans (GetJob carries the plan).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def CancelJob(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Stop the job's driver (SIGTERM, then SIGKILL after a grace period) and mark it CANCELLED.
+        Needs the token when one is configured.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def WatchJob(self, request, context):
-        """State changes and step progress of one job, until it ends.
+        """The job's history from its creation, then each state change and step progress as it
+        happens; the stream ends after the final state (SUCCEEDED, FAILED or CANCELLED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,316 @@
+"""The scheduler's client side for the CLI: a thin gRPC client, job specs from local files,
+shared flags, and an embedded scheduler for `dagrl plan` without a running one.
+
+The CLI never imports the scheduler: it reads the user's files, sends their text (with the file
+names, so the server's error messages name them) and prints what comes back. Server errors come
+back through `dagrl.rpc.status.error_from_rpc` as the matching DagrlError with the server's
+message; `dagrl.cli.main` prints it and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import grpc
+import yaml
+
+from dagrl.config import apply_overrides
+from dagrl.errors import DagrlError, InvalidInputError, UnavailableError
+from dagrl.rpc.auth import with_bearer_token
+from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from dagrl.rpc.status import error_from_rpc
+from dagrl.workflow import list_builtin_workflows
+
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+ADDRESS_ENV = "DAGRL_SCHEDULER_ADDRESS"
+TOKEN_ENV = "DAGRL_SCHEDULER_TOKEN"
+ANNOUNCE_PREFIX = "DAGRL_SCHEDULER_ADDRESS="
+EMBEDDED_START_TIMEOUT_S = 30.0
+
+
+# ---- flags shared by the scheduler commands ---------------------------------------------------
+
+
+def add_scheduler_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--scheduler", metavar="HOST:PORT",
+                        default=os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS,
+                        help=f"scheduler address (default: ${ADDRESS_ENV} or {DEFAULT_ADDRESS})")
+
+
+def add_token_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--token", default=os.environ.get(TOKEN_ENV),
+                        help=f"bearer token the scheduler requires (default: ${TOKEN_ENV})")
+
+
+def add_cluster_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "cluster", "where to plan (default: trainer.nnodes x trainer.n_ranks_per_node)")
+    group.add_argument("--nodes", type=int, help="machines")
+    group.add_argument("--devices-per-node", type=int, help="GPUs (or CPU slots) per machine")
+    group.add_argument("--device-kind", default="cpu", help="cpu, cuda, H100, ... (default cpu)")
+    group.add_argument("--device-memory-gib", type=float, default=0.0,
+                       help="memory per device (default: unknown)")
+    group.add_argument("--cluster", metavar="FILE",
+                       help="YAML with `nodes: [{name, device_count, device_kind, "
+                            "device_memory_gib}, ...]` for a heterogeneous cluster")
+
+
+def cluster_from_args(args: argparse.Namespace) -> scheduler_pb2.ClusterSpec:
+    """The cluster the flags describe; empty when none is given (the scheduler uses the config)."""
+    if args.cluster:
+        return _cluster_file(args.cluster)
+    if args.nodes is None and args.devices_per_node is None:
+        return scheduler_pb2.ClusterSpec()
+    nodes, per_node = args.nodes or 1, args.devices_per_node or 1
+    return scheduler_pb2.ClusterSpec(nodes=[
+        scheduler_pb2.ClusterNode(name=f"node-{i}", device_count=per_node,
+                                  device_kind=args.device_kind,
+                                  device_memory_gib=args.device_memory_gib)
+        for i in range(nodes)
+    ])
+
+
+def _cluster_file(path: str) -> scheduler_pb2.ClusterSpec:
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise InvalidInputError(f"{path}: cannot read the cluster file: {exc}") from exc
+    entries = data.get("nodes") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise InvalidInputError(f"{path}: expected `nodes:` with a list of machines, each "
+                                "{name, device_count, device_kind, device_memory_gib}")
+    spec = scheduler_pb2.ClusterSpec()
+    known = {"name", "device_count", "device_kind", "device_memory_gib"}
+    for i, entry in enumerate(entries):
+        unknown = sorted(set(entry) - known)
+        if unknown:
+            raise InvalidInputError(f"{path}: nodes[{i}]: unknown key {unknown[0]!r}; "
+                                    f"valid: {', '.join(sorted(known))}")
+        try:
+            spec.nodes.add(name=str(entry.get("name", f"node-{i}")),
+                           device_count=int(entry.get("device_count", 1)),
+                           device_kind=str(entry.get("device_kind", "cpu")),
+                           device_memory_gib=float(entry.get("device_memory_gib", 0.0)))
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(f"{path}: nodes[{i}]: {exc}") from exc
+    return spec
+
+
+# ---- job specs from local files --------------------------------------------------------------
+
+
+def build_job_spec(file: str | None, overrides: Sequence[str],
+                   name: str = "") -> scheduler_pb2.JobSpec:
+    """A JobSpec from a job config file, a workflow file, or a built-in workflow name.
+
+    A config that names a workflow file gets that file's text attached (looked up next to the
+    config, then in the working directory): the scheduler never reads the client's paths.
+    """
+    spec = scheduler_pb2.JobSpec(name=name, overrides=list(overrides))
+    if file is None:
+        return spec
+    path = Path(file)
+    if not path.is_file():
+        if file in list_builtin_workflows():
+            spec.overrides.insert(0, f"workflow.source={file}")
+            return spec
+        raise InvalidInputError(
+            f"{file}: no such file, and no built-in workflow of that name; built-ins: "
+            f"{', '.join(list_builtin_workflows())}")
+    text = _read(path)
+    data = _try_yaml(text)
+    if isinstance(data, dict) and ("nodes" in data or "dag_id" in data):
+        _attach_workflow(spec, path, text)
+        return spec
+    spec.config_yaml, spec.config_source = text, file
+    if isinstance(data, dict):
+        _attach_named_workflow(spec, path, data, overrides)
+    return spec
+
+
+def _attach_named_workflow(spec: scheduler_pb2.JobSpec, config_path: Path,
+                           data: dict[str, Any], overrides: Sequence[str]) -> None:
+    try:
+        merged = apply_overrides(data, overrides)
+    except DagrlError:
+        return  # the scheduler reports malformed overrides with the rest
+    workflow = merged.get("workflow")
+    source = workflow.get("source") if isinstance(workflow, dict) else None
+    if not isinstance(source, str) or source in list_builtin_workflows():
+        return
+    candidates = [config_path.parent / source, Path(source)]
+    for candidate in candidates:
+        if candidate.is_file():
+            _attach_workflow(spec, candidate, _read(candidate), shown=source)
+            return
+    tried = ", ".join(str(c) for c in candidates)
+    raise InvalidInputError(
+        f"{spec.config_source}: workflow.source {source!r} is neither a built-in workflow "
+        f"({', '.join(list_builtin_workflows())}) nor a file (tried {tried})")
+
+
+def _attach_workflow(spec: scheduler_pb2.JobSpec, path: Path, text: str,
+                     shown: str | None = None) -> None:
+    spec.workflow_yaml = text
+    spec.workflow_source = shown or str(path)
+    spec.workflow_base_dir = str(path.resolve().parent)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInputError(f"{path}: cannot read: {exc}") from exc
+
+
+def _try_yaml(text: str) -> object:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return None  # sent as a config: the scheduler reports the syntax error with the line
+
+
+# ---- the client -------------------------------------------------------------------------------
+
+
+class SchedulerClient:
+    """Calls the scheduler; every failure comes back as a DagrlError with the server's text."""
+
+    def __init__(self, address: str, token: str | None = None, timeout_s: float = 60.0) -> None:
+        self.address = address
+        self._timeout_s = timeout_s
+        self._channel = grpc.insecure_channel(address)
+        self._stub = scheduler_pb2_grpc.SchedulerServiceStub(
+            with_bearer_token(self._channel, token))
+
+    def plan(self, spec: scheduler_pb2.JobSpec,
+             cluster: scheduler_pb2.ClusterSpec) -> scheduler_pb2.Plan:
+        request = scheduler_pb2.PlanJobRequest(spec=spec, cluster=cluster)
+        return self._call(self._stub.PlanJob, request).plan
+
+    def submit(self, spec: scheduler_pb2.JobSpec,
+               cluster: scheduler_pb2.ClusterSpec) -> scheduler_pb2.Job:
+        request = scheduler_pb2.SubmitJobRequest(spec=spec, cluster=cluster)
+        return self._call(self._stub.SubmitJob, request).job
+
+    def get(self, job_id: str) -> scheduler_pb2.Job:
+        return self._call(self._stub.GetJob, scheduler_pb2.GetJobRequest(job_id=job_id)).job
+
+    def list_jobs(self, limit: int = 0) -> list[scheduler_pb2.Job]:
+        answer = self._call(self._stub.ListJobs, scheduler_pb2.ListJobsRequest(limit=limit))
+        return list(answer.jobs)
+
+    def cancel(self, job_id: str) -> scheduler_pb2.Job:
+        request = scheduler_pb2.CancelJobRequest(job_id=job_id)
+        return self._call(self._stub.CancelJob, request).job
+
+    def watch(self, job_id: str) -> Iterator[scheduler_pb2.Job]:
+        """The job's history, then each change, until its final state."""
+        stream = self._stub.WatchJob(scheduler_pb2.WatchJobRequest(job_id=job_id))
+        try:
+            for event in stream:
+                yield event.job
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+        finally:
+            stream.cancel()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> SchedulerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: Any, request: Any) -> Any:
+        try:
+            return method(request, timeout=self._timeout_s)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+
+    def _error(self, exc: grpc.RpcError) -> DagrlError:
+        error = error_from_rpc(exc)
+        if isinstance(error, UnavailableError) and _is_unreachable(exc):
+            return UnavailableError(
+                f"cannot reach the scheduler at {self.address} ({exc.details()}); start it with "
+                f"`python -m dagrl_scheduler` or pass --scheduler / set {ADDRESS_ENV}")
+        return error
+
+
+def _is_unreachable(exc: grpc.RpcError) -> bool:
+    """UNAVAILABLE from the channel itself (nothing listening), not from the scheduler."""
+    details = (exc.details() or "").lower() if hasattr(exc, "details") else ""
+    return "failed to connect" in details or "dns resolution" in details
+
+
+# ---- an embedded scheduler for `dagrl plan` ---------------------------------------------------
+
+
+@contextlib.contextmanager
+def embedded_scheduler() -> Iterator[str]:
+    """A private plan-only scheduler on a free loopback port, stopped on exit; yields its address.
+
+    Runs `python -m dagrl_scheduler --port 0 --no-redis --announce` (plan only: it never touches
+    a job store, whatever DAGRL_REDIS_URL says). Its log goes to a temporary file that is shown
+    only when it fails to start.
+    """
+    with tempfile.TemporaryFile(mode="w+") as log:
+        argv = [sys.executable, "-m", "dagrl_scheduler", "--host", "127.0.0.1", "--port", "0",
+                "--no-redis", "--announce", "--log-level", "WARNING"]
+        try:
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                       stderr=log, text=True)
+        except OSError as exc:
+            raise UnavailableError(f"cannot start an embedded scheduler: {exc}") from exc
+        try:
+            yield _read_announcement(process, log)
+        finally:
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(timeout=10)
+            if process.stdout is not None:
+                process.stdout.close()
+
+
+def _read_announcement(process: subprocess.Popen[str], log: IO[str]) -> str:
+    lines: queue.Queue[str] = queue.Queue()
+
+    def pump() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.put(line)
+        lines.put("")
+
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        while True:
+            line = lines.get(timeout=EMBEDDED_START_TIMEOUT_S)
+            if line.startswith(ANNOUNCE_PREFIX):
+                return line[len(ANNOUNCE_PREFIX):].strip()
+            if not line:
+                break
+    except queue.Empty:
+        pass
+    process.kill()
+    process.wait(timeout=10)
+    log.seek(0)
+    tail = "\n".join(log.read().strip().splitlines()[-10:])
+    raise UnavailableError(
+        "the embedded scheduler did not start (is dagrl_scheduler installed? `make install`); "
+        f"its log:\n{tail}")

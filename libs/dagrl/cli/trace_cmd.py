@@ -1,0 +1,108 @@
+"""`dagrl trace JOB [--step N]`: a step's latency breakdown from the metrics service, as a table.
+
+Talks to the metrics service's MetricsQueryService over gRPC (generated stubs only; the CLI
+never imports a service). The address comes from `--metrics-address`, else
+`DAGRL_METRICS_ADDRESS`, else 127.0.0.1:50053.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+import grpc
+
+from dagrl.errors import UnavailableError
+from dagrl.rpc.gen.metrics.v1 import metrics_pb2, metrics_pb2_grpc
+from dagrl.rpc.status import error_from_rpc
+
+DEFAULT_ADDRESS = "127.0.0.1:50053"
+ADDRESS_ENV = "DAGRL_METRICS_ADDRESS"
+_MAX_RANK_COLUMNS = 8
+_TIMEOUT_S = 10.0
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "trace", help="print a step's latency breakdown (nodes x ranks, critical path)")
+    parser.add_argument("job", help="job id")
+    parser.add_argument("--step", type=int, default=None, help="step number (default: latest)")
+    parser.add_argument("--phases", action="store_true",
+                        help="also list the phases inside each node (generate, databuffer, ...)")
+    parser.add_argument("--metrics-address", default=os.environ.get(ADDRESS_ENV, DEFAULT_ADDRESS),
+                        help=f"metrics service query address (env {ADDRESS_ENV}, "
+                             f"default {DEFAULT_ADDRESS})")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    summary = fetch_step_summary(args.metrics_address, args.job, args.step)
+    print(format_step_table(summary, phases=args.phases))
+    return 0
+
+
+def fetch_step_summary(address: str, job_id: str, step: int | None) -> metrics_pb2.StepSummary:
+    """GetStepSummary; a failed call raises the matching DagrlError with the server's text."""
+    request = metrics_pb2.GetStepSummaryRequest(job_id=job_id)
+    if step is not None:
+        request.step = step
+    with grpc.insecure_channel(address) as channel:
+        stub = metrics_pb2_grpc.MetricsQueryServiceStub(channel)
+        try:
+            return stub.GetStepSummary(request, timeout=_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            if isinstance(exc, grpc.Call) and exc.code() == grpc.StatusCode.UNAVAILABLE:
+                raise UnavailableError(
+                    f"no metrics service answers at {address} ({exc.details()}); start it "
+                    f"(python -m dagrl_metrics) or pass --metrics-address") from None
+            raise error_from_rpc(exc) from None
+
+
+def format_step_table(summary: metrics_pb2.StepSummary, *, phases: bool = False) -> str:
+    """The header lines and one row per node (per-rank columns for up to 8 ranks)."""
+    ranks = sorted({r.rank for n in summary.nodes for r in n.ranks})
+    show_ranks = ranks if len(ranks) <= _MAX_RANK_COLUMNS else []
+    mfu = f"{summary.mfu:.1%}" if summary.HasField("mfu") else "-"
+    state = "complete" if summary.complete else "in progress"
+    lines = [
+        f"job {summary.job_id}  step {summary.step}  ({state})  wall {summary.wall_time_s:.3f} s"
+        f"  ranks {summary.num_ranks}",
+        f"critical path {summary.critical_path_s:.3f} s: "
+        f"{' -> '.join(summary.critical_path) or '-'}",
+        f"tokens {summary.tokens}  tokens/s {summary.tokens_per_s:.1f}  per token "
+        f"{summary.time_per_token_ms:.3f} ms  MFU {mfu}  trace {summary.trace_id or '-'}",
+        "",
+    ]
+    width = max([len("node"), *(len(n.node_id) + 2 for n in summary.nodes)]) + 2
+    header = f"{'node':<{width}}" + "".join(f"{'rank ' + str(r):>10}" for r in show_ranks)
+    header += f"{'max':>10}{'mean':>10}{'straggler':>11}{'lag':>9}"
+    lines += [header, "-" * len(header)]
+    for node in summary.nodes:
+        by_rank = {r.rank: r for r in node.ranks}
+        label = node.node_id + (" *" if node.on_critical_path else "")
+        row = f"{label:<{width}}" + "".join(
+            f"{by_rank[r].duration_s:>10.3f}" if r in by_rank else f"{'-':>10}"
+            for r in show_ranks)
+        row += (f"{node.max_s:>10.3f}{node.mean_s:>10.3f}{'rank ' + str(node.straggler_rank):>11}"
+                f"{node.straggler_lag_s:>+9.3f}")
+        lines.append(row)
+        if phases:
+            lines += _phase_rows(node, show_ranks, width)
+    if summary.metrics:
+        lines.append("")
+        lines += [f"{key} = {value:.6g}" for key, value in sorted(summary.metrics.items())]
+    lines.append("(* on the critical path; times in seconds; lag = straggler - median rank)")
+    return "\n".join(lines)
+
+
+def _phase_rows(node: metrics_pb2.NodeTiming, ranks: list[int], width: int) -> list[str]:
+    names = sorted({p.name for r in node.ranks for p in r.phases})
+    rows = []
+    for name in names:
+        durations = {r.rank: sum(p.duration_s for p in r.phases if p.name == name)
+                     for r in node.ranks}
+        row = f"{'  ' + name:<{width}}" + "".join(
+            f"{durations[r]:>10.3f}" if r in durations else f"{'-':>10}" for r in ranks)
+        rows.append(row + f"{max(durations.values(), default=0.0):>10.3f}")
+    return rows

@@ -1,0 +1,250 @@
+"""Job lifecycle: validate, plan, store, launch, track and cancel jobs.
+
+    submit:  resolve spec -> make_plan -> create (PENDING) -> PLANNING -> set_plan -> RUNNING
+             -> start the driver -> a monitor thread waits for it to exit
+    driver:  report_progress per step -> SUCCEEDED or FAILED(reason)
+    exit:    record not final -> FAILED "driver exited with code N" + its log's tail
+             (CANCELLED instead when a cancel was requested)
+    cancel:  request_cancel -> SIGTERM the driver -> wait cancel_grace_s -> SIGKILL its
+             process group -> CANCELLED
+    restart: for every job that is not final: PENDING/PLANNING -> FAILED (it never launched);
+             RUNNING -> re-adopted when its driver is alive on this host, else FAILED
+             "scheduler restarted; driver lost"
+
+Redis is connected on first use, so planning works without it. Jobs live only in Redis
+(`dagrl.jobs.JobStore`); this object keeps no job state except the driver processes it started.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import redis
+import yaml
+
+from dagrl.errors import FailedPreconditionError, UnavailableError
+from dagrl.jobs import JobEvent, JobRecord, JobState, JobStateError, JobStore, new_job_id
+from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
+from dagrl_scheduler import launcher
+from dagrl_scheduler.config import SchedulerConfig
+from dagrl_scheduler.planning import Plan, make_plan
+from dagrl_scheduler.specs import resolve_job
+
+log = logging.getLogger(__name__)
+
+WATCH_BLOCK_MS = 500
+
+
+class RedisNotConfiguredError(UnavailableError):
+    """A job RPC reached a scheduler started without a Redis URL."""
+
+
+class JobManager:
+    def __init__(self, config: SchedulerConfig) -> None:
+        self._config = config
+        self._lock = threading.Lock()
+        self._store: JobStore | None = None
+        self._client: redis.Redis | None = None
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self._closed = threading.Event()
+
+    # ---- planning -----------------------------------------------------------------------
+
+    def plan(self, spec: scheduler_pb2.JobSpec, cluster: scheduler_pb2.ClusterSpec) -> Plan:
+        """The plan a submission would get; touches nothing."""
+        resolved = resolve_job(spec, cluster)
+        return make_plan(resolved.graph, resolved.cluster, source=resolved.workflow_source)
+
+    # ---- jobs ---------------------------------------------------------------------------
+
+    def submit(self, spec: scheduler_pb2.JobSpec,
+               cluster: scheduler_pb2.ClusterSpec) -> JobRecord:
+        resolved = resolve_job(spec, cluster)
+        plan = make_plan(resolved.graph, resolved.cluster, source=resolved.workflow_source)
+        store = self.store()
+        job_id = new_job_id()
+        store.create(JobRecord(
+            job_id=job_id, name=spec.name or resolved.graph.dag_id,
+            config_yaml=spec.config_yaml,
+            workflow_yaml=yaml.safe_dump(resolved.graph.to_dict(), sort_keys=False),
+            overrides=tuple(spec.overrides),
+        ))
+        store.set_state(job_id, JobState.PLANNING)
+        total_steps = resolved.config.trainer.total_training_steps or 0
+        store.set_plan(job_id, plan.to_proto().SerializeToString(), total_steps)
+        store.set_state(job_id, JobState.RUNNING)
+        self._launch(store, job_id)
+        log.info("job %s submitted: %s on %d ranks", job_id, resolved.graph.dag_id,
+                 plan.world_size)
+        return store.get(job_id)
+
+    def get(self, job_id: str) -> JobRecord:
+        return self.store().get(job_id)
+
+    def list_jobs(self, limit: int) -> list[JobRecord]:
+        return self.store().list_jobs(limit)
+
+    def cancel(self, job_id: str) -> JobRecord:
+        store = self.store()
+        record = store.get(job_id)
+        if record.state is JobState.CANCELLED:
+            return record
+        if record.state.is_final:
+            raise FailedPreconditionError(
+                f"job {job_id} already ended ({record.state.value}); there is nothing to cancel")
+        store.request_cancel(job_id)
+        reason = "cancelled by request"
+        if record.driver_pid and record.driver_host == launcher.this_host():
+            with self._lock:
+                child = self._children.get(job_id)
+            launcher.stop_driver(record.driver_pid, job_id, self._config.cancel_grace_s, child)
+        elif record.driver_pid:
+            reason += f" (driver on {record.driver_host} was asked to stop via the cancel flag)"
+        try:
+            return store.set_state(job_id, JobState.CANCELLED, reason)
+        except JobStateError:  # the driver finished first
+            return store.get(job_id)
+
+    def watch(self, job_id: str,
+              is_active: Callable[[], bool]) -> Iterator[tuple[JobEvent, JobRecord]]:
+        """Each state change or step of the job from its creation, until its final state."""
+        store = self.store()
+        record = store.get(job_id)
+        after, last = "0", None
+        while is_active() and not self._closed.is_set():
+            events = store.read_job_events(job_id, after, block_ms=WATCH_BLOCK_MS)
+            if not events:
+                record = store.get(job_id)
+                if record.state.is_final and last is not None and last[0].is_final:
+                    return
+                continue
+            record = store.get(job_id)
+            for event in events:
+                after = event.event_id
+                if (event.state, event.step) == last:
+                    continue
+                last = (event.state, event.step)
+                yield event, record
+                if event.state.is_final:
+                    return
+
+    # ---- Redis and recovery ---------------------------------------------------------------
+
+    def store(self) -> JobStore:
+        """The job store, connecting (and recovering jobs) on first use."""
+        with self._lock:
+            if self._store is not None:
+                return self._store
+            url = self._config.redis_url
+            if not url:
+                raise RedisNotConfiguredError(
+                    "this scheduler has no job store: start it with DAGRL_REDIS_URL (or "
+                    "--redis-url) to submit and track jobs; PlanJob works without one")
+            client = redis.Redis.from_url(url, socket_connect_timeout=2,
+                                          health_check_interval=30)
+            try:
+                client.ping()
+                store = JobStore(client)
+                # Before any job RPC sees the store: a job submitted now must not be "recovered".
+                self._recover(store)
+            except redis.RedisError as exc:
+                client.close()
+                raise UnavailableError(
+                    f"cannot reach the job store at {url}: {exc}; check that Redis is running "
+                    "and DAGRL_REDIS_URL is right") from exc
+            self._client, self._store = client, store
+            return store
+
+    def _recover(self, store: JobStore) -> None:
+        """Settle jobs a previous scheduler process left unfinished (see the module doc)."""
+        host = launcher.this_host()
+        for record in store.list_jobs():
+            if record.state.is_final:
+                continue
+            job_id = record.job_id
+            alive = record.driver_host == host and launcher.is_driver_alive(
+                record.driver_pid, job_id)
+            if record.state is JobState.RUNNING and alive:
+                log.info("job %s: re-adopting driver pid %d", job_id, record.driver_pid)
+                self._monitor(job_id, functools.partial(self._poll_adopted, record))
+                continue
+            reason = ("scheduler restarted before the job was launched"
+                      if record.state is not JobState.RUNNING else
+                      f"scheduler restarted; driver lost (pid {record.driver_pid} on "
+                      f"{record.driver_host or 'unknown host'} is gone)")
+            self._settle(store, job_id, reason)
+
+    # ---- drivers --------------------------------------------------------------------------
+
+    def _launch(self, store: JobStore, job_id: str) -> None:
+        url = self._config.redis_url
+        assert url is not None  # store() succeeded
+        argv = launcher.driver_argv(self._config.driver_command, job_id, url,
+                                    self._config.ray_address)
+        log_path = Path(self._config.log_dir) / f"{job_id}.log"
+        try:
+            process = launcher.start_driver(argv, log_path)
+        except launcher.DriverLaunchError as exc:
+            store.set_state(job_id, JobState.FAILED, str(exc))
+            raise
+        store.set_driver(job_id, process.pid, launcher.this_host(), str(log_path))
+        with self._lock:
+            self._children[job_id] = process
+        self._monitor(job_id, process.wait)
+
+    def _monitor(self, job_id: str, wait: Callable[[], int | None]) -> None:
+        def run() -> None:
+            code = wait()
+            with self._lock:
+                self._children.pop(job_id, None)
+            if self._closed.is_set():
+                return  # a restarted scheduler settles the job
+            try:
+                self._driver_exited(job_id, code)
+            except Exception:  # a monitor thread must never die silently
+                log.exception("job %s: could not record the driver's exit", job_id)
+
+        threading.Thread(target=run, name=f"driver-{job_id}", daemon=True).start()
+
+    def _poll_adopted(self, record: JobRecord) -> int | None:
+        while not self._closed.wait(self._config.adopted_poll_s):
+            if not launcher.is_driver_alive(record.driver_pid, record.job_id):
+                return -1  # exit code of a process we did not start is unknown
+        return None
+
+    def _driver_exited(self, job_id: str, code: int | None) -> None:
+        store = self.store()
+        record = store.get(job_id)
+        if record.state.is_final:
+            return
+        if record.cancel_requested:
+            self._settle(store, job_id, "cancelled by request", JobState.CANCELLED)
+            return
+        what = "exited with an unknown code" if code == -1 else f"exited with code {code}"
+        reason = f"driver {what} before reporting a final state"
+        tail = launcher.log_tail(record.driver_log)
+        if tail:
+            reason += f"; last lines of {record.driver_log}:\n{tail}"
+        self._settle(store, job_id, reason)
+
+    @staticmethod
+    def _settle(store: JobStore, job_id: str, reason: str,
+                state: JobState = JobState.FAILED) -> None:
+        try:
+            store.set_state(job_id, state, reason)
+            log.info("job %s: %s (%s)", job_id, state.value, reason.splitlines()[0])
+        except JobStateError:
+            pass  # it reached a final state meanwhile
+
+    def close(self) -> None:
+        """Stop watching; drivers keep running (a restarted scheduler re-adopts them)."""
+        self._closed.set()
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+            self._client, self._store = None, None

@@ -1,0 +1,188 @@
+"""`make_plan`: a workflow and a cluster in, a `Plan` out. A pure, deterministic function.
+
+    split into subgraphs -> cost and needs per subgraph -> apportion ranks -> place ranks on
+    machines -> number ranks -> process groups -> per-node layouts
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from dagrl.workflow import TaskGraph
+from dagrl_scheduler.planning.apportion import Share, apportion
+from dagrl_scheduler.planning.cluster import Cluster, Pool, Requirement, eligible_pools, pools
+from dagrl_scheduler.planning.demands import NodeDemand, node_demands
+from dagrl_scheduler.planning.errors import InsufficientResourcesError, PlanningError
+from dagrl_scheduler.planning.groups import layouts, node_ranks, process_groups
+from dagrl_scheduler.planning.placement import SlotRun, pack_pool, spread_over_pools
+from dagrl_scheduler.planning.plan import Plan, RankPlacement, SubgraphPlan
+from dagrl_scheduler.planning.split import split_workflow
+
+
+def make_plan(graph: TaskGraph, cluster: Cluster, *, source: str | None = None) -> Plan:
+    """Plan `graph` onto every usable slot of `cluster`; same inputs, same plan.
+
+    `source` names the workflow file in error messages.
+    """
+    pieces = split_workflow(graph)
+    demands, unit = node_demands(graph, source)
+    holders = _holders(pieces)
+    requirements = [_requirement(graph, piece, demands) for piece in pieces]
+    all_pools = pools(cluster)
+    eligible = [eligible_pools(req, cluster, all_pools) for req in requirements]
+    _check_eligible(pieces, requirements, eligible, cluster)
+    costs = [sum(demands[n].cost / holders[n] for n in piece) for piece in pieces]
+    shares = [
+        Share(cost, _granule(piece, demands), _pinned(graph, piece, demands, holders),
+              eligible[i], _label(i, piece), requirements[i].describe())
+        for i, (piece, cost) in enumerate(zip(pieces, costs, strict=True))
+    ]
+    allotments = apportion(shares, [pool.capacity for pool in all_pools])
+    counts = [a.ranks for a in allotments]
+    runs = _place(counts, eligible, all_pools, cluster)
+    ranks, placements = _number_ranks(runs, cluster)
+    world = len(placements)
+    ranks_of = node_ranks(graph, pieces, ranks)
+    groups = process_groups(graph, ranks_of)
+    total_cost = sum(costs)
+    subgraphs = tuple(
+        SubgraphPlan(i, piece, costs[i], counts[i], _ideal(costs, i, world, total_cost),
+                     allotments[i].reason, ranks[i], requirements[i].device_kind,
+                     requirements[i].min_memory_gib)
+        for i, piece in enumerate(pieces)
+    )
+    return Plan(
+        dag_id=graph.dag_id, world_size=world, cost_unit=unit, cluster=cluster,
+        subgraphs=subgraphs, placements=placements, process_groups=groups,
+        layouts=layouts(graph, ranks_of, demands, groups, pieces),
+        idle_slots=cluster.total_slots - world,
+        notes=_notes(unit, requirements, cluster, world),
+    )
+
+
+def _holders(pieces: Sequence[Sequence[str]]) -> dict[str, int]:
+    count: dict[str, int] = {}
+    for piece in pieces:
+        for node_id in piece:
+            count[node_id] = count.get(node_id, 0) + 1
+    return count
+
+
+def _requirement(graph: TaskGraph, piece: Sequence[str],
+                 demands: Mapping[str, NodeDemand]) -> Requirement:
+    kinds = sorted({demands[n].device_kind for n in piece if demands[n].device_kind})
+    if len(kinds) > 1:
+        named = ", ".join(f"{n!r}: {demands[n].device_kind}" for n in piece
+                          if demands[n].device_kind)
+        raise PlanningError(
+            f"nodes that must share ranks ask for different device kinds ({named}); give them "
+            "the same config.device_kind", where=f"workflow {graph.dag_id!r}")
+    memory = max((demands[n].min_memory_gib for n in piece), default=0.0)
+    return Requirement(kinds[0] if kinds else "", memory)
+
+
+def _granule(piece: Sequence[str], demands: Mapping[str, NodeDemand]) -> int:
+    return math.lcm(*(demands[n].granule for n in piece))
+
+
+def _pinned(graph: TaskGraph, piece: Sequence[str], demands: Mapping[str, NodeDemand],
+            holders: Mapping[str, int]) -> int | None:
+    """The exact rank count that dp_size sets for this piece, if any node sets it."""
+    where = f"workflow {graph.dag_id!r}"
+    sizes = {}
+    for node_id in piece:
+        demand = demands[node_id]
+        if demand.dp_size is None:
+            continue
+        if holders[node_id] > 1:
+            raise PlanningError(
+                f"node {node_id!r} sets dp_size but runs in {holders[node_id]} subgraphs, on "
+                "the union of their ranks, so its size follows from theirs: remove dp_size",
+                where=where)
+        sizes[node_id] = demand.dp_size * demand.granule
+    if len(set(sizes.values())) > 1:
+        named = ", ".join(f"{n!r} = {s}" for n, s in sizes.items())
+        raise PlanningError(f"nodes in one subgraph pin different rank counts (dp x tp x pp: "
+                            f"{named}); make them agree", where=where)
+    if not sizes:
+        return None
+    pinned = next(iter(sizes.values()))
+    granule = _granule(piece, demands)
+    if pinned % granule:
+        raise PlanningError(
+            f"dp_size x tp_size x pp_size = {pinned} ranks is not a multiple of {granule}, the "
+            f"tp_size x pp_size that the other nodes of its subgraph ({', '.join(piece)}) need",
+            where=where)
+    return pinned
+
+
+def _check_eligible(pieces: Sequence[Sequence[str]], requirements: Sequence[Requirement],
+                    eligible: Sequence[frozenset[int]], cluster: Cluster) -> None:
+    for i, (piece, req) in enumerate(zip(pieces, requirements, strict=True)):
+        if not eligible[i]:
+            raise InsufficientResourcesError(
+                f"{_label(i, piece)} needs {req.describe()}, and no machine of the cluster "
+                f"({cluster.describe()}) has it; add such machines or change config."
+                "device_kind / config.min_device_memory_gib of its nodes")
+
+
+def _place(counts: Sequence[int], eligible: Sequence[frozenset[int]], all_pools: Sequence[Pool],
+           cluster: Cluster) -> list[SlotRun]:
+    per_pool = spread_over_pools(counts, eligible, all_pools)
+    runs: list[SlotRun] = []
+    for pool in all_pools:
+        wanted = [(i, take[pool.index]) for i, take in enumerate(per_pool)
+                  if take.get(pool.index)]
+        runs.extend(pack_pool(pool, cluster, wanted))
+    return runs
+
+
+def _number_ranks(runs: Sequence[SlotRun],
+                  cluster: Cluster) -> tuple[list[tuple[int, ...]], tuple[RankPlacement, ...]]:
+    """Ranks follow machine order, then device order; each subgraph's ranks, ascending."""
+    by_node: dict[int, list[SlotRun]] = {}
+    for run in runs:
+        by_node.setdefault(run.node_index, []).append(run)
+    subgraph_count = 1 + max((run.subgraph for run in runs), default=-1)
+    ranks: list[list[int]] = [[] for _ in range(subgraph_count)]
+    placements: list[RankPlacement] = []
+    for node_rank, node_index in enumerate(sorted(by_node)):
+        name = cluster.nodes[node_index].name
+        for run in sorted(by_node[node_index], key=lambda r: r.first_device):
+            for device in range(run.first_device, run.first_device + run.count):
+                rank = len(placements)
+                placements.append(RankPlacement(rank, name, device, run.subgraph, node_rank))
+                ranks[run.subgraph].append(rank)
+    return [tuple(r) for r in ranks], tuple(placements)
+
+
+def _ideal(costs: Sequence[float], i: int, world: int, total: float) -> float:
+    if total <= 0:
+        return world / len(costs)
+    return world * costs[i] / total
+
+
+def _label(index: int, piece: Sequence[str]) -> str:
+    shown = ", ".join(piece[:3]) + (", ..." if len(piece) > 3 else "")
+    return f"subgraph {index} ({shown})"
+
+
+def _notes(unit: str, requirements: Sequence[Requirement], cluster: Cluster,
+           world: int) -> tuple[str, ...]:
+    notes = []
+    if unit == "none":
+        notes.append("no node gives model_params or flops: subgraphs share ranks "
+                     "equally")
+    elif unit == "params":
+        notes.append("cost = model_params x passes (3 for training nodes, 1 for forward-only "
+                     "and inference); a node in k subgraphs adds 1/k of its cost to each")
+    if any(r.min_memory_gib for r in requirements) and any(
+            not n.device_memory_gib for n in cluster.nodes):
+        notes.append("some machines do not say their device memory: memory needs were assumed "
+                     "to fit there")
+    if world < cluster.total_slots:
+        notes.append(f"{cluster.total_slots - world} of {cluster.total_slots} slots stay idle: "
+                     "no subgraph can use them (device needs or tp_size x pp_size granularity)")
+    return tuple(notes)
+

@@ -1,0 +1,116 @@
+"""Process groups, layouts, proto round trip and determinism across processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from dagrl.errors import ConfigError
+from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
+from dagrl.workflow import load_workflow
+from dagrl_scheduler.planning import Cluster, Plan, make_plan, parse_size
+
+from .workflows import chain_graph
+
+
+def test_shared_nodes_span_the_union_of_their_subgraphs_ranks() -> None:
+    plan = make_plan(load_workflow("ppo"), Cluster.homogeneous(2, 4))
+    groups = {g.name: (g.ranks, g.node_ids) for g in plan.process_groups}
+    assert groups == {
+        "pg0": (tuple(range(8)), ("rollout", "old_log_prob", "ref_log_prob", "values")),
+        "pg1": (plan.subgraphs[0].ranks, ("actor_train",)),
+        "pg2": (plan.subgraphs[1].ranks, ("critic_train",)),
+    }
+
+
+def test_every_model_node_has_a_group_and_every_node_a_layout() -> None:
+    graph = load_workflow("two_agent")
+    plan = make_plan(graph, Cluster.homogeneous(2, 8))
+    assert [layout.node_id for layout in plan.layouts] == list(graph.topological_order())
+    for layout in plan.layouts:
+        assert layout.dp_size * layout.tp_size * layout.pp_size == len(layout.ranks)
+        is_model = graph[layout.node_id].is_model_node()
+        assert bool(layout.process_group) == is_model
+        if is_model:
+            group = next(g for g in plan.process_groups if g.name == layout.process_group)
+            assert group.ranks == layout.ranks
+
+
+def test_tp_size_sets_the_layout_and_the_rank_granularity() -> None:
+    graph = chain_graph({"prompts": [], "big": ["prompts"], "small": ["prompts"]},
+                        config={"big": {"model_params": "30B", "tp_size": 4},
+                                "small": {"model_params": "1B"}})
+    plan = make_plan(graph, Cluster.homogeneous(2, 8))
+    big = next(layout for layout in plan.layouts if layout.node_id == "big")
+    assert (big.dp_size, big.tp_size, len(big.ranks)) == (3, 4, 12)
+
+
+def test_bad_scheduling_keys_name_the_node_and_the_key() -> None:
+    graph = chain_graph({"a": [], "b": ["a"]},
+                        config={"a": {"model_params": "7X"}, "b": {"tp_sise": 2}})
+    with pytest.raises(ConfigError) as caught:
+        make_plan(graph, Cluster.homogeneous(1, 2), source="flow.yaml")
+    message = str(caught.value)
+    assert "flow.yaml" in message
+    assert "node 'a': config.model_params '7X' is not a size" in message
+    assert "node 'b': config.tp_sise: unknown key" in message
+
+
+def test_costs_in_flops_and_params_cannot_be_mixed() -> None:
+    graph = chain_graph({"a": [], "b": ["a"]},
+                        config={"a": {"model_params": "7B"}, "b": {"flops": 1e15}})
+    with pytest.raises(ConfigError, match="cannot mix units"):
+        make_plan(graph, Cluster.homogeneous(1, 2))
+
+
+def test_model_params_sizes() -> None:
+    assert [parse_size(v) for v in ("7B", "500M", "1.5e9", "70b", 12)] == [
+        7e9, 5e8, 1.5e9, 7e10, 12.0]
+    with pytest.raises(ValueError):
+        parse_size("seven")
+
+
+def test_plan_round_trips_through_the_proto() -> None:
+    plan = make_plan(load_workflow("two_agent"), Cluster.homogeneous(3, 4, device_kind="cuda"))
+    assert Plan.from_proto(plan.to_proto()) == plan
+
+
+_PLAN_SCRIPT = textwrap.dedent("""
+    from dagrl.workflow import parse_workflow
+    from dagrl_scheduler.planning import Cluster, make_plan
+    text = '''
+    dag_id: nested
+    nodes:
+      - {node_id: load_a, node_type: DATA_LOAD}
+      - {node_id: load_b, node_type: DATA_LOAD}
+      - {node_id: gen_a, node_type: MODEL_INFERENCE, node_role: ROLLOUT, dependencies: [load_a],
+         config: {model_params: 7B}}
+      - {node_id: gen_b, node_type: MODEL_INFERENCE, node_role: ROLLOUT, dependencies: [load_b],
+         config: {model_params: 3B}}
+      - {node_id: judge, node_type: MODEL_INFERENCE, node_role: REWARD,
+         dependencies: [gen_a, gen_b], config: {model_params: 13B}}
+      - {node_id: train_a, node_type: MODEL_TRAIN, node_role: ACTOR, dependencies: [judge],
+         config: {model_params: 7B}}
+      - {node_id: train_b, node_type: MODEL_TRAIN, node_role: ACTOR, dependencies: [judge],
+         config: {model_params: 3B}}
+    '''
+    plan = make_plan(parse_workflow(text), Cluster.homogeneous(5, 8))
+    print(plan.to_proto().SerializeToString(deterministic=True).hex())
+""")
+
+
+def test_the_same_plan_comes_out_of_two_independent_processes() -> None:
+    outputs = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run([sys.executable, "-c", _PLAN_SCRIPT], env=env, check=True,
+                              capture_output=True, text=True, timeout=60)
+        outputs.append(done.stdout.strip())
+    assert outputs[0] and outputs[0] == outputs[1]
+    plan = Plan.from_proto(scheduler_pb2.Plan.FromString(bytes.fromhex(outputs[0])))
+    assert len(plan.subgraphs) == 4
+    assert len(plan.process_groups) >= 4

@@ -1,0 +1,236 @@
+"""The job driver: one per job. Starts the ranks on Ray, steps them, survives their deaths.
+
+`python -m dagrl_worker.driver --job-id J --redis-url R [--ray-address A]` is how the
+scheduler launches a job: the driver reads the job's spec and plan from the job store
+(`dagrl.jobs`), reports progress there each step, and sets the final state.
+
+Life of a job here:
+1. a placement group with one bundle per rank (CPU, or GPU when there are GPUs);
+2. one `DAGWorkerActor` per rank; rank 0 names the rendezvous; every rank joins the
+   world group and creates the plan's process groups; `init_graph` on all;
+3. per step, `run_step` on all ranks; the driver receives only metric summaries, merges
+   them, tracks them, reports progress, saves checkpoints and validates on schedule;
+4. when a rank dies, the driver kills the others and starts over from the last
+   committed checkpoint, up to `trainer.max_restarts` times; then the job fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import pickle
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+import redis
+from ray.exceptions import RayActorError, RayTaskError
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from dagrl.jobs import JobState, JobStore
+from dagrl_worker.actors import DAGWorkerActor
+from dagrl_worker.metrics import merge
+from dagrl_worker.spec import WorkerSpec
+from dagrl_worker.tracking import Tracker
+
+log = logging.getLogger("dagrl.driver")
+
+
+class JobCancelled(Exception):
+    """The job store asked this job to stop, or the driver got SIGTERM."""
+
+
+@dataclass
+class JobOutcome:
+    state: JobState
+    reason: str = ""
+    last_step: int = 0
+    restarts: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+    driver_bytes_per_step: list[int] = field(default_factory=list)
+
+
+class Driver:
+    def __init__(self, spec: WorkerSpec, store: JobStore | None = None) -> None:
+        self.spec = spec
+        self.config = spec.job_config()
+        self.plan = spec.plan_view()
+        self.store = store
+        self.cancelled = False
+        self.outcome = JobOutcome(JobState.RUNNING)
+        run_dir = Path(spec.checkpoint_dir) / "runs"
+        self.tracker = Tracker(self.config, run_dir)
+
+    # ------------------------------------------------------------------ top level
+    def run(self) -> JobOutcome:
+        try:
+            return self._run_with_restarts()
+        finally:
+            self.tracker.close()
+
+    def _run_with_restarts(self) -> JobOutcome:
+        restarts, restarting = 0, False
+        while True:
+            workers, group = self._start_workers()
+            try:
+                self._train(workers, restarting)
+                self.outcome.state = JobState.SUCCEEDED
+                return self.outcome
+            except JobCancelled:
+                self.outcome.state, self.outcome.reason = JobState.CANCELLED, "cancelled"
+                return self.outcome
+            except (RayActorError, RayTaskError) as exc:
+                if isinstance(exc, RayTaskError) and not _is_worker_death(exc):
+                    self.outcome.state = JobState.FAILED
+                    self.outcome.reason = f"a worker raised: {_short(exc)}"
+                    return self.outcome
+                restarts += 1
+                self.outcome.restarts = restarts
+                log.warning("a worker died (%s); restart %d of %d from the last checkpoint",
+                            _short(exc), restarts, self.config.trainer.max_restarts)
+                if restarts > self.config.trainer.max_restarts:
+                    self.outcome.state = JobState.FAILED
+                    self.outcome.reason = (f"a worker died {restarts} times; last: "
+                                           f"{_short(exc)}")
+                    return self.outcome
+                restarting = True
+            finally:
+                _stop_workers(workers, group)
+
+    def request_cancel(self) -> None:
+        self.cancelled = True
+
+    # ------------------------------------------------------------------ workers
+    def _start_workers(self) -> tuple[list[Any], Any]:
+        world = self.plan.world_size
+        use_gpu = self.config.trainer.device == "cuda" or (
+            self.config.trainer.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
+        bundle = {"CPU": 1, "GPU": 1} if use_gpu else {"CPU": 1}
+        group = placement_group([dict(bundle) for _ in range(world)], strategy="PACK")
+        ray.get(group.ready(), timeout=300)
+        workers = [
+            DAGWorkerActor.options(  # type: ignore[attr-defined]
+                num_cpus=1, num_gpus=1 if use_gpu else 0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    group, placement_group_bundle_index=rank),
+            ).remote(self.spec, rank)
+            for rank in range(world)
+        ]
+        self.actors = workers
+        return workers, group
+
+    def _train(self, workers: list[Any], restarting: bool) -> None:
+        addr, port = ray.get(workers[0].master_endpoint.remote())
+        ray.get([w.setup_distributed.remote(addr, port) for w in workers])
+        starts = ray.get([w.init_graph.remote(restarting) for w in workers])
+        first_step, total = starts[0]
+        trainer = self.config.trainer
+        if first_step == 1 and (trainer.val_before_train or trainer.val_only):
+            self._validate(workers, 0)
+        if trainer.val_only:
+            return
+        for step in range(first_step, total + 1):
+            self._check_cancel()
+            self._step(workers, step, total)
+            is_last = step == total
+            if trainer.save_freq > 0 and (step % trainer.save_freq == 0 or is_last):
+                ray.get([w.save_checkpoint.remote(step) for w in workers])
+            if trainer.test_freq > 0 and (step % trainer.test_freq == 0 or is_last):
+                self._validate(workers, step)
+
+    def _step(self, workers: list[Any], step: int, total: int) -> None:
+        started = time.perf_counter()
+        summaries = ray.get([w.run_step.remote(step) for w in workers])
+        received = len(pickle.dumps(summaries))
+        metrics = merge(summaries)
+        elapsed = time.perf_counter() - started
+        tokens = metrics.get("tokens/generated", 0.0) + metrics.get("tokens/trained", 0.0)
+        metrics["perf/throughput"] = tokens / elapsed
+        metrics["perf/driver_bytes_received"] = float(received)
+        for name in [k for k in metrics if k.startswith("timing_s/")]:
+            node = name.removeprefix("timing_s/")
+            if metrics.get("tokens/generated"):
+                per_token = metrics[name] * 1000 / metrics["tokens/generated"]
+                metrics[f"timing_per_token_ms/{node}"] = per_token
+        self.outcome.history.append(metrics)
+        self.outcome.driver_bytes_per_step.append(received)
+        self.outcome.last_step = step
+        self.tracker.log(metrics, step)
+        if self.store is not None:
+            self.store.report_progress(self.spec.job_id, step, total, metrics)
+
+    def _validate(self, workers: list[Any], step: int) -> None:
+        metrics = merge(ray.get([w.validate.remote() for w in workers]))
+        if metrics:
+            self.outcome.history.append({"val_step": float(step), **metrics})
+            self.tracker.log(metrics, step)
+            if self.store is not None:
+                self.store.report_progress(self.spec.job_id, step, 0, metrics)
+
+    def _check_cancel(self) -> None:
+        if self.cancelled or (self.store is not None
+                              and self.store.is_cancel_requested(self.spec.job_id)):
+            raise JobCancelled()
+
+
+def _stop_workers(workers: list[Any], group: Any) -> None:
+    for worker in workers:
+        ray.kill(worker, no_restart=True)
+    remove_placement_group(group)
+
+
+def _is_worker_death(exc: RayTaskError) -> bool:
+    return isinstance(getattr(exc, "cause", None), RayActorError)
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[-1][:500] if text else type(exc).__name__
+
+
+# ---------------------------------------------------------------------- command line
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="run one dagrl job (launched by the scheduler)")
+    parser.add_argument("--job-id", required=True)
+    parser.add_argument("--redis-url", required=True, help="job store (and databuffer) Redis")
+    parser.add_argument("--ray-address", default=None, help="Ray cluster; default: start one")
+    return parser.parse_args(argv)
+
+
+def spec_from_store(store: JobStore, job_id: str, redis_url: str) -> WorkerSpec:
+    record = store.get(job_id)
+    spec = WorkerSpec(job_id=job_id, config_yaml=record.config_yaml,
+                      workflow_yaml=record.workflow_yaml, overrides=record.overrides,
+                      plan=record.plan, redis_url=redis_url, checkpoint_dir="")
+    trainer = spec.job_config().trainer
+    folder = Path(trainer.default_local_dir) / trainer.project_name / trainer.experiment_name
+    return WorkerSpec(**{**spec.__dict__, "checkpoint_dir": str(folder.resolve())})
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    args = _parse_args(argv)
+    store = JobStore(redis.Redis.from_url(args.redis_url))
+    try:
+        spec = spec_from_store(store, args.job_id, args.redis_url)
+        ray.init(address=args.ray_address, log_to_driver=False,
+                 num_cpus=None if args.ray_address else max(4, spec.plan_view().world_size + 2))
+        driver = Driver(spec, store)
+        signal.signal(signal.SIGTERM, lambda *_: driver.request_cancel())
+        outcome = driver.run()
+    except Exception as exc:  # noqa: BLE001 - the job record must say why the driver stopped
+        log.exception("driver failed")
+        store.set_state(args.job_id, JobState.FAILED, f"driver error: {_short(exc)}")
+        return 1
+    store.set_state(args.job_id, outcome.state, outcome.reason)
+    ray.shutdown()
+    return 0 if outcome.state == JobState.SUCCEEDED else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

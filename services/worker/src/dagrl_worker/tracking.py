@@ -1,0 +1,125 @@
+"""Experiment tracking: where the driver writes each step's merged metrics.
+
+Backends by `trainer.logger`: `console` (one line per step), `jsonl` (one JSON object per
+step in `<run_dir>/metrics.jsonl`), `tensorboard`, `wandb`, `mlflow` — the last three
+only when their package is installed (a clear error names the missing package).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Protocol
+
+from dagrl.config import JobConfig
+
+_HEADLINE = ("critic/score/mean", "actor/pg_loss", "actor/entropy", "response_length/mean",
+             "perf/throughput", "perf/time_per_step")
+
+
+class Backend(Protocol):
+    def log(self, metrics: dict[str, float], step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class ConsoleBackend:
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        shown = [f"{k}={metrics[k]:.4g}" for k in _HEADLINE if k in metrics]
+        shown += [f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k.startswith("val/")]
+        print(f"step {step}: " + " ".join(shown), file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+class JsonlBackend:
+    def __init__(self, run_dir: Path) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = run_dir / "metrics.jsonl"
+        self._file = self.path.open("a", encoding="utf-8")
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self._file.write(json.dumps({"step": step, **metrics}) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class TensorBoardBackend:
+    def __init__(self, run_dir: Path) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:
+            raise ImportError("trainer.logger has tensorboard but the tensorboard package is "
+                              "not installed: pip install tensorboard") from exc
+        self._writer = SummaryWriter(str(run_dir / "tensorboard"))
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        for name, value in metrics.items():
+            self._writer.add_scalar(name, value, step)
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class WandbBackend:
+    def __init__(self, config: JobConfig) -> None:
+        try:
+            import wandb
+        except ImportError as exc:
+            raise ImportError("trainer.logger has wandb but wandb is not installed") from exc
+        self._run: Any = wandb.init(project=config.trainer.project_name,
+                                    name=config.trainer.experiment_name)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self._run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+class MlflowBackend:
+    def __init__(self, config: JobConfig) -> None:
+        try:
+            import mlflow
+        except ImportError as exc:
+            raise ImportError("trainer.logger has mlflow but mlflow is not installed") from exc
+        self._mlflow: Any = mlflow
+        mlflow.set_experiment(config.trainer.project_name)
+        mlflow.start_run(run_name=config.trainer.experiment_name)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        clean = {k.replace("@", "_at_"): v for k, v in metrics.items()}
+        self._mlflow.log_metrics(clean, step=step)
+
+    def close(self) -> None:
+        self._mlflow.end_run()
+
+
+class Tracker:
+    """Fans each step's metrics out to the configured backends."""
+
+    def __init__(self, config: JobConfig, run_dir: Path) -> None:
+        self.backends: list[Backend] = []
+        for name in config.trainer.logger:
+            if name == "console":
+                self.backends.append(ConsoleBackend())
+            elif name == "jsonl":
+                self.backends.append(JsonlBackend(run_dir))
+            elif name == "tensorboard":
+                self.backends.append(TensorBoardBackend(run_dir))
+            elif name == "wandb":
+                self.backends.append(WandbBackend(config))
+            elif name == "mlflow":
+                self.backends.append(MlflowBackend(config))
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        for backend in self.backends:
+            backend.log(metrics, step)
+
+    def close(self) -> None:
+        for backend in self.backends:
+            backend.close()

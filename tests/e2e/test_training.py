@@ -1,0 +1,132 @@
+"""The tiny model trained through real Ray actors, gloo process groups and the databuffer.
+
+Each test runs the job driver in this process against the session's Ray instance, with a
+colocated plan on 2 ranks (what the scheduler plans for one machine with 2 slots).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from dagrl.jobs import JobState
+from dagrl.local import LocalRedis
+from dagrl.workflow import load_workflow
+from dagrl_worker import checkpoint
+from dagrl_worker.driver import Driver, JobOutcome
+from dagrl_worker.plan_view import colocated_plan
+from dagrl_worker.spec import WorkerSpec
+
+from .conftest import job_config
+
+pytestmark = pytest.mark.e2e
+RANKS = 2
+
+
+def run_job(assets: Path, redis: LocalRedis, tmp_path: Path, workflow: str = "grpo",
+            kill_after_checkpoint: bool = False, **sections: dict) -> tuple[Driver, JobOutcome]:
+    config = job_config(assets, workflow, **sections)
+    config["trainer"]["default_local_dir"] = str(tmp_path)
+    plan = colocated_plan(load_workflow(workflow), world_size=RANKS)
+    spec = WorkerSpec(job_id=f"e2e-{tmp_path.name}", config_yaml=yaml.safe_dump(config),
+                      workflow_yaml="", overrides=(), plan=plan.SerializeToString(),
+                      redis_url=redis.url, checkpoint_dir=str(tmp_path / "ckpt"))
+    driver = Driver(spec)
+    if kill_after_checkpoint:
+        threading.Thread(target=_kill_a_worker_after_checkpoint,
+                         args=(driver, tmp_path / "ckpt"), daemon=True).start()
+    return driver, driver.run()
+
+
+def _kill_a_worker_after_checkpoint(driver: Driver, root: Path) -> None:
+    deadline = time.time() + 300
+    while time.time() < deadline and checkpoint.latest_step(root) is None:
+        time.sleep(0.2)
+    ray.kill(driver.actors[1], no_restart=True)
+
+
+def series(outcome: JobOutcome, name: str) -> list[float]:
+    return [m[name] for m in outcome.history if name in m]
+
+
+def test_grpo_two_ranks_reward_rises(ray_session: None, assets: Path,
+                                     redis_server: LocalRedis, tmp_path: Path) -> None:
+    _driver, outcome = run_job(assets, redis_server, tmp_path,
+                               trainer={"total_training_steps": 12, "val_before_train": False,
+                                        "test_freq": -1})
+    assert outcome.state == JobState.SUCCEEDED, outcome.reason
+    scores = series(outcome, "critic/score/mean")
+    assert len(scores) == 12
+    assert sum(scores[-4:]) / 4 > sum(scores[:4]) / 4, scores
+    # the driver only ever receives metric summaries
+    assert max(outcome.driver_bytes_per_step) < 64 * 1024
+
+
+def test_ppo_critic_value_loss_falls(ray_session: None, assets: Path,
+                                     redis_server: LocalRedis, tmp_path: Path) -> None:
+    _driver, outcome = run_job(
+        assets, redis_server, tmp_path, workflow="ppo",
+        trainer={"total_training_steps": 8, "val_before_train": False, "test_freq": -1},
+        critic={"optim.lr": 1e-3, "ppo_epochs": 2})
+    assert outcome.state == JobState.SUCCEEDED, outcome.reason
+    losses = series(outcome, "critic/vf_loss")
+    assert len(losses) == 8
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3, losses
+
+
+def test_dapo_counts_filtered_groups(ray_session: None, assets: Path,
+                                     redis_server: LocalRedis, tmp_path: Path) -> None:
+    _driver, outcome = run_job(
+        assets, redis_server, tmp_path, workflow="dapo",
+        trainer={"total_training_steps": 2, "val_before_train": False, "test_freq": -1},
+        algorithm={"filter_groups.max_num_gen_batches": 3})
+    assert outcome.state == JobState.SUCCEEDED, outcome.reason
+    filtered = series(outcome, "dynamic_sampling/filtered_groups")
+    kept = series(outcome, "dynamic_sampling/kept_groups")
+    assert len(filtered) == 2 and all(f >= 0 for f in filtered)
+    assert sum(filtered) > 0  # a partly right policy still solves some groups every time
+    assert all(k > 0 for k in kept)
+
+
+def _actor_weights(root: Path, step: int) -> dict[str, torch.Tensor]:
+    return load_file(str(checkpoint.step_dir(root, step) / "agent0" / "actor"
+                         / "model.safetensors"))
+
+
+def test_resume_ends_where_an_uninterrupted_run_ends(ray_session: None, assets: Path,
+                                                     redis_server: LocalRedis,
+                                                     tmp_path: Path) -> None:
+    quiet = {"val_before_train": False, "test_freq": -1}
+    _, straight = run_job(assets, redis_server, tmp_path / "straight",
+                          trainer={"total_training_steps": 4, "save_freq": 4, **quiet})
+    # the same job stopped after step 2 (a constant LR schedule does not depend on the
+    # planned total), then resumed to step 4
+    _, first = run_job(assets, redis_server, tmp_path / "split",
+                       trainer={"total_training_steps": 2, "save_freq": 2, **quiet})
+    _, resumed = run_job(assets, redis_server, tmp_path / "split",
+                         trainer={"total_training_steps": 4, "save_freq": 4, **quiet})
+    assert straight.state == first.state == resumed.state == JobState.SUCCEEDED
+    assert len(series(resumed, "critic/score/mean")) == 2
+    expected = _actor_weights(tmp_path / "straight" / "ckpt", 4)
+    actual = _actor_weights(tmp_path / "split" / "ckpt", 4)
+    for name, tensor in expected.items():
+        assert torch.max(torch.abs(tensor - actual[name])) <= 1e-6, name
+
+
+def test_killed_worker_restarts_from_checkpoint(ray_session: None, assets: Path,
+                                                redis_server: LocalRedis,
+                                                tmp_path: Path) -> None:
+    _driver, outcome = run_job(
+        assets, redis_server, tmp_path, kill_after_checkpoint=True,
+        trainer={"total_training_steps": 6, "save_freq": 1, "val_before_train": False,
+                 "test_freq": -1})
+    assert outcome.state == JobState.SUCCEEDED, outcome.reason
+    assert outcome.restarts == 1
+    assert outcome.last_step == 6
