@@ -19,6 +19,17 @@ ensure_redis() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
 }
 
+# Debian's chromium drives the dashboard browser test (Playwright never downloads a browser).
+ensure_chromium() {
+  if command -v chromium >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then return; fi
+  echo "install: chromium is missing; installing it with apt-get (for the browser test)"
+  local sudo=""
+  if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
+  { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+      $sudo apt-get install -y -qq chromium >/dev/null; } \
+    || echo "install: chromium could not be installed; the dashboard browser test will skip" >&2
+}
+
 requirements_hash() {
   local files=(requirements/base.in requirements/lock.txt scripts/install.sh)
   for p in "${PACKAGES[@]}"; do files+=("$p/pyproject.toml"); done
@@ -26,6 +37,7 @@ requirements_hash() {
 }
 
 ensure_redis
+ensure_chromium
 want="$(requirements_hash)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
   echo "install: up to date ($VENV)"

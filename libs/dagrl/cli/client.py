@@ -259,16 +259,20 @@ def _is_unreachable(exc: grpc.RpcError) -> bool:
 
 
 @contextlib.contextmanager
-def embedded_scheduler() -> Iterator[str]:
-    """A private plan-only scheduler on a free loopback port, stopped on exit; yields its address.
+def embedded_scheduler(redis_url: str | None = None,
+                       log_dir: str | None = None) -> Iterator[str]:
+    """A private scheduler on a free loopback port, stopped on exit; yields its address.
 
-    Runs `python -m dagrl_scheduler --port 0 --no-redis --announce` (plan only: it never touches
-    a job store, whatever DAGRL_REDIS_URL says). Its log goes to a temporary file that is shown
-    only when it fails to start.
+    Without `redis_url` it runs plan-only (`--no-redis`: it never touches a job store,
+    whatever DAGRL_REDIS_URL says), which is what `dagrl plan` needs; `dagrl run` passes the
+    private Redis it started, so jobs can be submitted. Its log goes to a temporary file
+    that is shown only when it fails to start.
     """
     with tempfile.TemporaryFile(mode="w+") as log:
+        store = ["--redis-url", redis_url] if redis_url else ["--no-redis"]
+        logs = ["--log-dir", log_dir] if log_dir else []
         argv = [sys.executable, "-m", "dagrl_scheduler", "--host", "127.0.0.1", "--port", "0",
-                "--no-redis", "--announce", "--log-level", "WARNING"]
+                *store, *logs, "--announce", "--log-level", "WARNING"]
         try:
             process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                        stderr=log, text=True)

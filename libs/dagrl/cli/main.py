@@ -15,14 +15,17 @@ from dagrl.cli import (
     cancel_cmd,
     config_cmd,
     plan_cmd,
+    run_cmd,
     status_cmd,
     submit_cmd,
+    trace_cmd,
     watch_cmd,
     workflow_cmd,
 )
 from dagrl.errors import DagrlError
 
-_COMMANDS = (config_cmd, workflow_cmd, plan_cmd, submit_cmd, status_cmd, watch_cmd, cancel_cmd)
+_COMMANDS = (run_cmd, submit_cmd, status_cmd, watch_cmd, cancel_cmd, plan_cmd, trace_cmd,
+             config_cmd, workflow_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,1 +1,1 @@
-"""dagrl metrics service: the OTLP receiver, per-step aggregation and the query API and dashboard."""
+"""dagrl metrics service: OTLP receiver, per-step aggregation, query API and dashboard."""

@@ -55,19 +55,23 @@ class MetricsQueryServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def GetStepSummary(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """One step's summary; NOT_FOUND when the job or step has not reported.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListSteps(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Every step the service still holds for a job, oldest first.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def WatchSteps(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Completed steps of a job (those at or after from_step first), then each new one
+        as it completes, until the client cancels.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

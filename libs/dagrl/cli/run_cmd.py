@@ -1,0 +1,112 @@
+"""`dagrl run FILE [overrides]`: the embedded default — everything on this machine.
+
+It starts what the job needs as local processes — a private redis-server on a free port
+(the job store and the databuffer), the scheduler service on a free loopback port — and
+submits the job exactly as `dagrl submit` would, so the scheduler plans it and launches
+the same job driver (which starts a local Ray). It streams progress as a bar, prints the
+final metrics, and stops what it started. Ctrl-C cancels the job first.
+
+With `--scheduler HOST:PORT` nothing is started: it is `dagrl submit --watch`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from dagrl.cli.client import (
+    SchedulerClient,
+    build_job_spec,
+    cluster_from_args,
+    embedded_scheduler,
+)
+from dagrl.local import LocalRedis
+from dagrl.rpc.gen.common.v1 import common_pb2
+from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
+
+_FINAL = {common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED,
+          common_pb2.JOB_STATE_CANCELLED}
+_SHOWN = ("critic/score/mean", "actor/pg_loss", "response_length/mean", "perf/throughput")
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "run", help="run a job on this machine (starts Redis, the scheduler and Ray)")
+    parser.add_argument("file", help="job config YAML (or a workflow YAML / built-in name)")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides: section.key=value")
+    parser.add_argument("--scheduler", metavar="HOST:PORT",
+                        help="submit to this scheduler instead of starting one")
+    parser.add_argument("--redis-url", help="use this Redis instead of a private one")
+    parser.add_argument("--summary-json", metavar="FILE",
+                        help="write the job's final state and last metrics here")
+    parser.add_argument("--log-dir", default="outputs/logs",
+                        help="where the job driver's log goes (default: outputs/logs)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(run=run, cluster=None, nodes=None, devices_per_node=None)
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = build_job_spec(args.file, args.overrides)
+    with _services(args) as address, SchedulerClient(address) as client:
+        job = client.submit(spec, cluster_from_args(args))
+        try:
+            final = _follow(client, job, quiet=args.quiet)
+        except KeyboardInterrupt:
+            print(f"\ncancelling {job.job_id} ...", file=sys.stderr)
+            final = client.cancel(job.job_id)
+    _report(final, args.summary_json)
+    return 0 if final.state == common_pb2.JOB_STATE_SUCCEEDED else 1
+
+
+@contextlib.contextmanager
+def _services(args: argparse.Namespace) -> Iterator[str]:
+    if args.scheduler:
+        yield args.scheduler
+        return
+    with contextlib.ExitStack() as stack:
+        redis_url = args.redis_url or stack.enter_context(LocalRedis()).url
+        Path(args.log_dir).mkdir(parents=True, exist_ok=True)
+        yield stack.enter_context(embedded_scheduler(redis_url, str(Path(args.log_dir).resolve())))
+
+
+def _follow(client: SchedulerClient, job: scheduler_pb2.Job, quiet: bool) -> scheduler_pb2.Job:
+    """Watch the job to its end, showing a progress bar of its steps."""
+    bar = None
+    last = job
+    for last in client.watch(job.job_id):
+        progress = last.progress
+        if progress.total_steps and bar is None and not quiet:
+            bar = tqdm(total=progress.total_steps, desc=job.job_id, unit="step",
+                       file=sys.stderr, dynamic_ncols=True)
+        if bar is not None and progress.step > bar.n:
+            bar.update(progress.step - bar.n)
+            shown = {k.split("/")[-2] if k.count("/") > 1 else k.split("/")[-1]: f"{v:.3g}"
+                     for k, v in progress.metrics.items() if k in _SHOWN}
+            bar.set_postfix(shown, refresh=True)
+        if last.state in _FINAL:
+            break
+    if bar is not None:
+        bar.close()
+    return client.get(job.job_id) if last.state in _FINAL else last
+
+
+def _report(job: scheduler_pb2.Job, summary_path: str | None) -> None:
+    state = common_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_")
+    print(f"job {job.job_id}: {state}" + (f" ({job.failure_reason})"
+                                           if job.failure_reason else ""))
+    if job.driver_log:
+        print(f"driver log: {job.driver_log}")
+    metrics = dict(job.progress.metrics)
+    for name in sorted(metrics):
+        print(f"  {name} = {metrics[name]:.6g}")
+    if summary_path:
+        Path(summary_path).write_text(json.dumps(
+            {"job_id": job.job_id, "state": state, "failure_reason": job.failure_reason,
+             "step": job.progress.step, "metrics": metrics}, indent=2))

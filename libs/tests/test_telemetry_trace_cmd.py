@@ -1,0 +1,63 @@
+"""`dagrl trace`: the table layout from a StepSummary, and the parser wiring (no network)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from dagrl.cli import trace_cmd
+from dagrl.rpc.gen.metrics.v1 import metrics_pb2
+
+
+def summary(num_ranks: int = 2) -> metrics_pb2.StepSummary:
+    result = metrics_pb2.StepSummary(
+        job_id="j", step=4, wall_time_s=1.25, complete=True, num_ranks=num_ranks, tokens=512,
+        tokens_per_s=409.6, time_per_token_ms=2.44, critical_path=["rollout", "train"],
+        critical_path_s=1.1, trace_id="ab" * 16, metrics={"critic/score/mean": 0.5})
+    for node, base in (("rollout", 0.6), ("train", 0.4)):
+        timing = result.nodes.add(node_id=node, max_s=base + 0.1 * (num_ranks - 1), mean_s=base,
+                                  straggler_rank=num_ranks - 1, straggler_lag_s=0.05,
+                                  on_critical_path=True)
+        for rank in range(num_ranks):
+            timing.ranks.add(rank=rank, duration_s=base + 0.1 * rank, phases=[
+                metrics_pb2.PhaseTiming(name="rollout.generate", duration_s=base / 2)])
+    return result
+
+
+def test_table_has_header_rows_and_rank_columns() -> None:
+    text = trace_cmd.format_step_table(summary())
+    lines = text.splitlines()
+    assert lines[0].startswith("job j  step 4  (complete)  wall 1.250 s")
+    assert "critical path 1.100 s: rollout -> train" in lines[1]
+    assert "MFU -" in lines[2]  # not reported
+    header = next(line for line in lines if line.startswith("node"))
+    assert "rank 0" in header and "rank 1" in header and "straggler" in header
+    rollout = next(line for line in lines if line.startswith("rollout *"))
+    assert rollout.split()[2:4] == ["0.600", "0.700"]
+    assert "critic/score/mean = 0.5" in text
+    assert "rollout.generate" not in text
+    assert "  rollout.generate" in trace_cmd.format_step_table(summary(), phases=True)
+
+
+def test_many_ranks_drop_the_per_rank_columns() -> None:
+    text = trace_cmd.format_step_table(summary(num_ranks=16))
+    assert "rank 0" not in text.splitlines()[4]
+    assert "rank 15" in text  # as the straggler
+
+
+def test_mfu_shown_when_known() -> None:
+    with_mfu = summary()
+    with_mfu.mfu = 0.375
+    assert "MFU 37.5%" in trace_cmd.format_step_table(with_mfu)
+
+
+def test_parser_wiring(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(trace_cmd.ADDRESS_ENV, "metrics:1234")
+    parser = argparse.ArgumentParser()
+    trace_cmd.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["trace", "job-7"])
+    assert (args.job, args.step, args.metrics_address) == ("job-7", None, "metrics:1234")
+    assert args.run is trace_cmd.run
+    args = parser.parse_args(["trace", "job-7", "--step", "3", "--metrics-address", "h:1"])
+    assert (args.step, args.metrics_address) == (3, "h:1")
