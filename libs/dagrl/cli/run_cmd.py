@@ -14,7 +14,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import socket
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,12 +31,15 @@ from dagrl.cli.client import (
     cluster_from_args,
     embedded_scheduler,
 )
+from dagrl.errors import UnavailableError
 from dagrl.local import LocalRedis
+from dagrl.local.redis_server import free_port
 from dagrl.rpc.gen.common.v1 import common_pb2
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 
 _FINAL = {common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED,
           common_pb2.JOB_STATE_CANCELLED}
+_SERVICE_START_TIMEOUT_S = 30.0
 _SHOWN = ("critic/score/mean", "actor/pg_loss", "response_length/mean", "perf/throughput")
 
 
@@ -48,13 +55,15 @@ def add_parser(subparsers: Any) -> None:
                         help="write the job's final state and last metrics here")
     parser.add_argument("--log-dir", default="outputs/logs",
                         help="where the job driver's log goes (default: outputs/logs)")
+    parser.add_argument("--no-tracing", action="store_true",
+                        help="do not start the metrics service (no spans are exported)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(run=run, cluster=None, nodes=None, devices_per_node=None)
 
 
 def run(args: argparse.Namespace) -> int:
-    spec = build_job_spec(args.file, args.overrides)
-    with _services(args) as address, SchedulerClient(address) as client:
+    with _services(args) as (address, extra_overrides), SchedulerClient(address) as client:
+        spec = build_job_spec(args.file, [*args.overrides, *extra_overrides])
         job = client.submit(spec, cluster_from_args(args))
         try:
             final = _follow(client, job, quiet=args.quiet)
@@ -66,14 +75,54 @@ def run(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _services(args: argparse.Namespace) -> Iterator[str]:
+def _services(args: argparse.Namespace) -> Iterator[tuple[str, list[str]]]:
+    """The scheduler's address and the overrides that point the job at the local services."""
     if args.scheduler:
-        yield args.scheduler
+        yield args.scheduler, []
         return
     with contextlib.ExitStack() as stack:
         redis_url = args.redis_url or stack.enter_context(LocalRedis()).url
-        Path(args.log_dir).mkdir(parents=True, exist_ok=True)
-        yield stack.enter_context(embedded_scheduler(redis_url, str(Path(args.log_dir).resolve())))
+        log_dir = Path(args.log_dir).resolve()
+        log_dir.mkdir(parents=True, exist_ok=True)
+        overrides = [f"services.redis_url={redis_url}"]
+        if not args.no_tracing:
+            endpoint, page = stack.enter_context(_embedded_metrics(log_dir))
+            overrides.append(f"services.metrics_endpoint={endpoint}")
+            print(f"dashboard: {page} (while the job runs)", file=sys.stderr)
+        yield stack.enter_context(embedded_scheduler(redis_url, str(log_dir))), overrides
+
+
+@contextlib.contextmanager
+def _embedded_metrics(log_dir: Path) -> Iterator[tuple[str, str]]:
+    """A private metrics service on free loopback ports; yields (OTLP endpoint, page URL)."""
+    ports = {name: free_port() for name in ("OTLP", "QUERY", "HTTP")}
+    env = {**os.environ, **{f"DAGRL_METRICS_{k}_PORT": str(v) for k, v in ports.items()}}
+    with (log_dir / "metrics-service.log").open("ab") as log:
+        process = subprocess.Popen([sys.executable, "-m", "dagrl_metrics"], env=env,
+                                   stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + _SERVICE_START_TIMEOUT_S
+        while not _accepts("127.0.0.1", ports["OTLP"]):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise UnavailableError(f"the metrics service did not start; see "
+                                       f"{log_dir / 'metrics-service.log'}")
+            time.sleep(0.1)
+        yield f"127.0.0.1:{ports['OTLP']}", f"http://127.0.0.1:{ports['HTTP']}/"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def _accepts(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
 
 
 def _follow(client: SchedulerClient, job: scheduler_pb2.Job, quiet: bool) -> scheduler_pb2.Job:

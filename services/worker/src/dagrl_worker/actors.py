@@ -35,8 +35,8 @@ class DAGWorkerActor:
     def init_graph(self, restarting: bool) -> tuple[int, int]:
         return self.worker.init_graph(restarting=restarting)
 
-    def run_step(self, step: int) -> Summary:
-        return self.worker.run_step(step)
+    def run_step(self, step: int, trace: dict[str, str] | None = None) -> Summary:
+        return self.worker.run_step(step, trace)
 
     def validate(self) -> Summary:
         return self.worker.validate()

@@ -16,11 +16,11 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
+from dagrl.batch import Batch
 from dagrl.config import JobConfig, node_config
 from dagrl.refs import resolve_ref
 from dagrl.rewards import compute_score
 from dagrl.workflow import Node, NodeRole, NodeType, TaskGraph
-from dagrl.batch import Batch
 from dagrl_worker.executors.base import AgentModels, Executor, StepContext
 from dagrl_worker.executors.compute import (
     AdvantageExecutor,

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from transformers import AutoTokenizer
 
+from dagrl import telemetry
 from dagrl.algorithms import AdaptiveKLController, FixedKLController, KLController
 from dagrl.batch import Batch
 from dagrl.config import JobConfig
@@ -59,6 +60,10 @@ class DAGWorker:
         self.prompts_source: PromptSource | None = None
         self.total_steps = 0
         torch.manual_seed(self.config.trainer.seed * 1000 + rank)
+        services = self.config.services
+        self.telemetry = telemetry.setup(
+            "dagrl-worker", spec.job_id, rank,
+            services.metrics_endpoint if services.tracing else None)
 
     # ------------------------------------------------------------------ setup
     def setup_distributed(self, master_addr: str, master_port: int) -> None:
@@ -114,15 +119,20 @@ class DAGWorker:
         return base + (1 if layout.dp_rank(self.rank) < extra else 0)
 
     # ------------------------------------------------------------------ steps
-    def run_step(self, step: int) -> Summary:
-        """One training step on this rank; returns its metric summary (no batch data)."""
+    def run_step(self, step: int, trace: dict[str, str] | None = None) -> Summary:
+        """One training step on this rank; returns its metric summary (no batch data).
+
+        `trace` is the driver's step-span context: this rank's spans join its trace.
+        """
         sink = MetricSink()
         started = time.perf_counter()
         assert self.prompts_source is not None
         global_prompts = self.prompts_source.next_batch()
         ctx = StepContext(step, self.rank, self.config, sink, self.kl_controller,
                           regenerate=lambda node_id, rnd: self._regenerate(step, node_id, rnd))
-        self._walk(step, ctx, global_prompts, self.order)
+        with telemetry.step_span(step, self.spec.job_id, parent=trace) as span:
+            self._walk(step, ctx, global_prompts, self.order)
+            span.add_tokens(int(sink.value("tokens/generated")))
         self.router.clear()
         sink.add("perf/time_per_step", time.perf_counter() - started, Reduce.MAX)
         return sink.summary()
@@ -144,7 +154,10 @@ class DAGWorker:
             else:
                 batch = self._entry_input(node_id, step, global_prompts, "")
             started = time.perf_counter()
-            output = self.executors[node_id].run(batch, ctx)
+            node = self.graph[node_id]
+            with telemetry.node_span(node_id, deps=node.dependencies) as span:
+                span.set_batch_size(len(batch))
+                output = self.executors[node_id].run(batch, ctx)
             ctx.sink.add(f"timing_s/{node_id}", time.perf_counter() - started, Reduce.MAX)
             self.router.publish(step, node_id, output)
 
@@ -187,6 +200,10 @@ class DAGWorker:
         return checkpoint.step_dir(self.checkpoint_root, step) if step is not None else None
 
     def save_checkpoint(self, step: int) -> str:
+        with telemetry.phase_span(telemetry.SPAN_CHECKPOINT_SAVE, {telemetry.ATTR_STEP: step}):
+            return self._save_checkpoint(step)
+
+    def _save_checkpoint(self, step: int) -> str:
         tmp = checkpoint.begin(self.checkpoint_root, step, self.rank)
         rank_state: dict[str, Any] = {"rng": checkpoint.rng_state(),
                                       "kl_coef": self.kl_controller.value}

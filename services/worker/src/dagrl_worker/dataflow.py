@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from dagrl import telemetry
 from dagrl.batch import Batch
 from dagrl.errors import BatchError
 from dagrl.workflow import NodeRole, NodeType, TaskGraph
@@ -63,9 +64,12 @@ class EdgeRouter:
         layout = self.plan.layout(producer)
         for consumer in self.graph.children(producer):
             if not self.is_local(producer, consumer):
-                self._require_store().put(self.job_id, step, edge_name(producer, consumer),
-                                          layout.dp_rank(self.rank), batch,
-                                          producer_size=layout.dp_size)
+                edge = edge_name(producer, consumer)
+                with telemetry.phase_span(telemetry.SPAN_DATABUFFER_PUT) as span:
+                    info = self._require_store().put(self.job_id, step, edge,
+                                                     layout.dp_rank(self.rank), batch,
+                                                     producer_size=layout.dp_size)
+                    span.add_bytes(int(info.nbytes))
 
     def inputs(self, step: int, consumer: str) -> Batch:
         """The consumer's input on this rank: its parents' outputs, joined row by row."""
@@ -76,10 +80,13 @@ class EdgeRouter:
             if self.is_local(producer, consumer):
                 parts.append(self.local[producer])
             else:
-                parts.append(self._require_store().get(
-                    self.job_id, step, edge_name(producer, consumer),
-                    layout.dp_rank(self.rank), layout.dp_size,
-                    producers=self.plan.layout(producer).dp_size, timeout_s=self.timeout_s))
+                with telemetry.phase_span(telemetry.SPAN_DATABUFFER_GET) as span:
+                    part = self._require_store().get(
+                        self.job_id, step, edge_name(producer, consumer),
+                        layout.dp_rank(self.rank), layout.dp_size,
+                        producers=self.plan.layout(producer).dp_size, timeout_s=self.timeout_s)
+                    span.set_batch_size(len(part))
+                parts.append(part)
         return join_by_uid(parts)
 
     def clear(self) -> None:

@@ -32,6 +32,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from dagrl import telemetry
 from dagrl.jobs import JobState, JobStore
 from dagrl_worker.actors import DAGWorkerActor
 from dagrl_worker.metrics import merge
@@ -63,15 +64,27 @@ class Driver:
         self.store = store
         self.cancelled = False
         self.outcome = JobOutcome(JobState.RUNNING)
+        self.latest: dict[str, float] = {}
+        self.total_steps = 0  # the newest value of every metric, for the store
         run_dir = Path(spec.checkpoint_dir) / "runs"
         self.tracker = Tracker(self.config, run_dir)
+        services = self.config.services
+        self.telemetry = telemetry.setup(
+            "dagrl-driver", spec.job_id, None,
+            services.metrics_endpoint if services.tracing else None)
+        self.job_context: dict[str, str] = {}
 
     # ------------------------------------------------------------------ top level
-    def run(self) -> JobOutcome:
+    def run(self, submit_context: dict[str, str] | None = None) -> JobOutcome:
+        """Run the job to its end. `submit_context` (the SubmitJob trace context) makes the
+        job's start a child of the submission in the trace."""
         try:
+            with telemetry.job_span(self.spec.job_id, parent=submit_context):
+                self.job_context = telemetry.inject_context()
             return self._run_with_restarts()
         finally:
             self.tracker.close()
+            self.telemetry.shutdown()
 
     def _run_with_restarts(self) -> JobOutcome:
         restarts, restarting = 0, False
@@ -129,6 +142,7 @@ class Driver:
         ray.get([w.setup_distributed.remote(addr, port) for w in workers])
         starts = ray.get([w.init_graph.remote(restarting) for w in workers])
         first_step, total = starts[0]
+        self.total_steps = total
         trainer = self.config.trainer
         if first_step == 1 and (trainer.val_before_train or trainer.val_only):
             self._validate(workers, 0)
@@ -145,10 +159,22 @@ class Driver:
 
     def _step(self, workers: list[Any], step: int, total: int) -> None:
         started = time.perf_counter()
-        summaries = ray.get([w.run_step.remote(step) for w in workers])
+        with telemetry.step_span(step, self.spec.job_id, link=self.job_context,
+                                 attrs={telemetry.ATTR_NUM_RANKS: len(workers)}) as root:
+            carrier = telemetry.inject_context()
+            summaries = ray.get([w.run_step.remote(step, carrier) for w in workers])
+            metrics = self._merge(summaries, time.perf_counter() - started)
+            for name, value in metrics.items():
+                root.record_metric(name, value)
+        self.outcome.history.append(metrics)
+        self.outcome.last_step = step
+        self.tracker.log(metrics, step)
+        self._report(step, total, metrics)
+
+    def _merge(self, summaries: list[Any], elapsed: float) -> dict[str, float]:
+        """Fold the ranks' summaries; add throughput, per-token timings, driver bytes."""
         received = len(pickle.dumps(summaries))
         metrics = merge(summaries)
-        elapsed = time.perf_counter() - started
         tokens = metrics.get("tokens/generated", 0.0) + metrics.get("tokens/trained", 0.0)
         metrics["perf/throughput"] = tokens / elapsed
         metrics["perf/driver_bytes_received"] = float(received)
@@ -157,20 +183,20 @@ class Driver:
             if metrics.get("tokens/generated"):
                 per_token = metrics[name] * 1000 / metrics["tokens/generated"]
                 metrics[f"timing_per_token_ms/{node}"] = per_token
-        self.outcome.history.append(metrics)
         self.outcome.driver_bytes_per_step.append(received)
-        self.outcome.last_step = step
-        self.tracker.log(metrics, step)
-        if self.store is not None:
-            self.store.report_progress(self.spec.job_id, step, total, metrics)
+        return metrics
 
     def _validate(self, workers: list[Any], step: int) -> None:
         metrics = merge(ray.get([w.validate.remote() for w in workers]))
         if metrics:
             self.outcome.history.append({"val_step": float(step), **metrics})
             self.tracker.log(metrics, step)
-            if self.store is not None:
-                self.store.report_progress(self.spec.job_id, step, 0, metrics)
+            self._report(step, self.total_steps, metrics)
+
+    def _report(self, step: int, total: int, metrics: dict[str, float]) -> None:
+        self.latest.update(metrics)
+        if self.store is not None:
+            self.store.report_progress(self.spec.job_id, step, total, self.latest)
 
     def _check_cancel(self) -> None:
         if self.cancelled or (self.store is not None
@@ -223,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         driver = Driver(spec, store)
         signal.signal(signal.SIGTERM, lambda *_: driver.request_cancel())
         outcome = driver.run()
-    except Exception as exc:  # noqa: BLE001 - the job record must say why the driver stopped
+    except Exception as exc:
         log.exception("driver failed")
         store.set_state(args.job_id, JobState.FAILED, f"driver error: {_short(exc)}")
         return 1

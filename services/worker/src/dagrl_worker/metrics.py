@@ -58,6 +58,9 @@ class MetricSink:
         for name, (reducer, value, weight) in summary.items():
             self.add(name, value, Reduce(reducer), weight)
 
+    def value(self, name: str, default: float = 0.0) -> float:
+        return float(self._values[name][1]) if name in self._values else default
+
     def summary(self) -> Summary:
         return {k: list(v) for k, v in self._values.items()}
 

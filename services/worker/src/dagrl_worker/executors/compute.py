@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dagrl import telemetry
 from dagrl.algorithms import AdvantageInputs, apply_kl_penalty, compute_advantage, kl_penalty
 from dagrl.batch import Batch, concat
 from dagrl.errors import RewardError
@@ -35,7 +36,8 @@ class RewardExecutor:
             [row[m.bool()].tolist() for row, m in zip(batch.tensors["responses"], mask,
                                                        strict=True)],
             skip_special_tokens=True)
-        scores = torch.tensor([self._score(batch, i, text) for i, text in enumerate(texts)])
+        with telemetry.phase_span(telemetry.SPAN_REWARD_SCORE):
+            scores = torch.tensor([self._score(batch, i, text) for i, text in enumerate(texts)])
         lengths = mask.sum(dim=1)  # [B]
         token_scores = torch.zeros(mask.shape, dtype=torch.float32)  # [B, R]
         has_tokens = lengths > 0

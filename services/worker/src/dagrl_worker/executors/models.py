@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from dagrl import telemetry
 from dagrl.batch import Batch
 from dagrl.config import JobConfig
 from dagrl_worker.executors.base import AgentModels, StepContext, response_tokens
@@ -42,8 +43,11 @@ class RolloutExecutor:
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
         params = train_sampling(ctx.config)
-        out = self.backend.generate(batch, params)
-        lengths = out.tensors["response_mask"].sum(dim=1).float()  # [B]
+        with telemetry.phase_span(telemetry.SPAN_ROLLOUT_GENERATE) as span:
+            out = self.backend.generate(batch, params)
+            lengths = out.tensors["response_mask"].sum(dim=1).float()  # [B]
+            span.set_batch_size(len(out))
+            span.add_tokens(int(lengths.sum()))
         ctx.sink.add("response_length/mean", float(lengths.mean()), Reduce.MEAN,
                      weight=len(out))
         ctx.sink.add("response_length/max", float(lengths.max()), Reduce.MAX)
@@ -66,7 +70,8 @@ class OldLogProbExecutor:
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
         module, peers = forward_module(self.engine)
         micro = ctx.config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_rank
-        log_probs = compute_log_probs(module, batch, micro, _temperature(ctx), peers)
+        with telemetry.phase_span(telemetry.SPAN_LOG_PROB):
+            log_probs = compute_log_probs(module, batch, micro, _temperature(ctx), peers)
         return batch.with_fields(tensors={"old_log_probs": log_probs})
 
 
@@ -80,7 +85,8 @@ class ReferenceLogProbExecutor:
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
         micro = ctx.config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_rank
-        log_probs = compute_log_probs(self.module, batch, micro, _temperature(ctx))
+        with telemetry.phase_span(telemetry.SPAN_LOG_PROB):
+            log_probs = compute_log_probs(self.module, batch, micro, _temperature(ctx))
         return batch.with_fields(tensors={"ref_log_probs": log_probs})
 
 
@@ -117,7 +123,8 @@ class ActorTrainExecutor:
         update_actor(self.engine, batch, actor, plan, _temperature(ctx), ctx.sink)
         ctx.sink.add("tokens/trained", response_tokens(batch) * actor.ppo_epochs, Reduce.SUM)
         if self.rollout_copy is not None:
-            copy_weights(self.engine, self.rollout_copy)
+            with telemetry.phase_span(telemetry.SPAN_WEIGHT_SYNC):
+                copy_weights(self.engine, self.rollout_copy)
         return batch
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dagrl import telemetry
 from dagrl.algorithms import (
     PolicyLossConfig,
     agg_loss,
@@ -93,9 +94,12 @@ def run_minibatches(engine: TrainEngine, rows: Batch, plan: MiniBatchPlan, mode:
                 batch = masked_out_row(template) if micro is None or is_padding else micro
                 local = 0.0 if is_padding else _denominator(batch.tensors["response_mask"], mode)
                 scale = engine.dp.size * local / max(global_denominator, 1.0)
-                with engine.accumulate(index == len(micros) - 1):
+                with engine.accumulate(index == len(micros) - 1), telemetry.phase_span(
+                        telemetry.SPAN_ACTOR_FORWARD_BACKWARD) as span:
                     micro_step(batch, scale)
-            grad_norms.append(engine.optimizer_step())
+                    span.add_tokens(int(batch.tensors["response_mask"].sum()))
+            with telemetry.phase_span(telemetry.SPAN_OPTIMIZER_STEP):
+                grad_norms.append(engine.optimizer_step())
     return grad_norms
 
 
