@@ -74,3 +74,39 @@ class RewardError(DagrlError):
 
 class RefResolutionError(InvalidInputError):
     """A `module:attr` or `path/to/file.py:attr` reference does not resolve."""
+
+
+class LocalServerError(DagrlError):
+    """A local helper process (e.g. a private redis-server) could not be started."""
+
+
+class DataBufferError(DagrlError):
+    """Root of the databuffer's errors (client library and service)."""
+
+
+class DataBufferRequestError(DataBufferError, InvalidInputError):
+    """A databuffer call got an invalid argument (bad name, rank out of range, ...)."""
+
+
+class RedisUnavailableError(DataBufferError, UnavailableError):
+    """Redis could not be reached after bounded retries; `url` names the server."""
+
+    def __init__(self, message: str, *, url: str) -> None:
+        self.url = url
+        super().__init__(message)
+
+
+class QuotaExceededError(DataBufferError, ResourceExhaustedError):
+    """A write would exceed the job's byte quota or Redis's maxmemory; nothing was stored."""
+
+
+class ShardNotReadyError(DataBufferError, NotFoundError):
+    """Not every producer shard of an edge was written within the wait timeout."""
+
+
+class ShardCorruptError(DataBufferError):
+    """A stored shard is malformed (bad meta, missing chunk, undecodable bytes); `key` names it."""
+
+    def __init__(self, message: str, *, key: str) -> None:
+        self.key = key
+        super().__init__(message)

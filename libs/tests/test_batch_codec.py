@@ -126,3 +126,8 @@ def test_decode_parts_owns_its_memory() -> None:
     _ = [bytearray(1 << 16) for _ in range(64)]  # reuse freed memory if it were freed
     assert decoded.equals(batch)
     decoded.tensors["torch.float32"][0, 0, 0] = 1234.0  # writable, private
+
+
+def test_single_element_strided_view_encodes() -> None:
+    view = torch.arange(12).reshape(6, 2)[:, 0][:1]  # one element, stride 2
+    assert decode(encode(Batch(tensors={"x": view}))).tensors["x"].tolist() == [0]

@@ -64,6 +64,8 @@ def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)
     if flat.numel() == 0:
         return memoryview(b"")
+    if flat.stride(0) != 1:  # a one-element view may keep any stride through contiguous()
+        flat = torch.empty(flat.shape, dtype=flat.dtype).copy_(flat)
     return memoryview(flat.view(torch.uint8).numpy())  # type: ignore[arg-type]
 
 

@@ -22,16 +22,22 @@ DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
 class ShardKey(_message.Message):
+    """One producer's shard of an edge. Names (job_id, edge): 1-128 letters, digits and `_.-/>`."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     STEP_FIELD_NUMBER: _builtins.int
     EDGE_FIELD_NUMBER: _builtins.int
     PRODUCER_RANK_FIELD_NUMBER: _builtins.int
+    PRODUCER_SIZE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     step: _builtins.int
     edge: _builtins.str
+    """one producer node to one consumer node, e.g. "rollout->reward" """
     producer_rank: _builtins.int
+    producer_size: _builtins.int
+    """the producer node's dp size (0: unknown, consumers pass it)"""
     def __init__(
         self,
         *,
@@ -39,10 +45,11 @@ class ShardKey(_message.Message):
         step: _builtins.int = ...,
         edge: _builtins.str = ...,
         producer_rank: _builtins.int = ...,
+        producer_size: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["edge", b"edge", "job_id", b"job_id", "producer_rank", b"producer_rank", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["edge", b"edge", "job_id", b"job_id", "producer_rank", b"producer_rank", "producer_size", b"producer_size", "step", b"step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -105,6 +112,7 @@ class GetShardRequest(_message.Message):
     DP_RANK_FIELD_NUMBER: _builtins.int
     DP_SIZE_FIELD_NUMBER: _builtins.int
     TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    PRODUCERS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     step: _builtins.int
     edge: _builtins.str
@@ -112,6 +120,8 @@ class GetShardRequest(_message.Message):
     dp_size: _builtins.int
     timeout_s: _builtins.float
     """wait this long for every producer's shard; 0: do not wait"""
+    producers: _builtins.int
+    """the producer node's dp size; 0: the size the producers recorded"""
     def __init__(
         self,
         *,
@@ -121,10 +131,11 @@ class GetShardRequest(_message.Message):
         dp_rank: _builtins.int = ...,
         dp_size: _builtins.int = ...,
         timeout_s: _builtins.float = ...,
+        producers: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dp_rank", b"dp_rank", "dp_size", b"dp_size", "edge", b"edge", "job_id", b"job_id", "step", b"step", "timeout_s", b"timeout_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dp_rank", b"dp_rank", "dp_size", b"dp_size", "edge", b"edge", "job_id", b"job_id", "producers", b"producers", "step", b"step", "timeout_s", b"timeout_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -65,33 +65,39 @@ class DataBufferServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def PutShard(self, request_iterator, context):
-        """The first message carries the key, the rest carry encoded-Batch chunks in order.
+        """The first message carries the key, the rest carry encoded-Batch chunks in order
+        (dagrl.batch codec). RESOURCE_EXHAUSTED when the job's quota or Redis is full.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetShard(self, request, context):
-        """The consumer's part of an edge (resharded for dp_rank of dp_size), in chunks.
+        """The consumer's part of an edge (resharded for dp_rank of dp_size) as an encoded Batch
+        in chunks; the edge is deleted once all dp_size consumers have read it. NOT_FOUND when
+        the producers' shards are not all written within timeout_s.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def DescribeStep(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Every complete shard of a step, all edges.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def DeleteStep(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Delete every key of a step (also what a TTL would remove) and release its quota.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Stats(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Redis memory and per-job usage against the quota.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

@@ -34,23 +34,39 @@ class DataBufferServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> DataBufferServiceAsyncStub: ...
     PutShard: _grpc.StreamUnaryMultiCallable[_databuffer_pb2.PutShardRequest, _databuffer_pb2.PutShardResponse]
-    """The first message carries the key, the rest carry encoded-Batch chunks in order."""
+    """The first message carries the key, the rest carry encoded-Batch chunks in order
+    (dagrl.batch codec). RESOURCE_EXHAUSTED when the job's quota or Redis is full.
+    """
     GetShard: _grpc.UnaryStreamMultiCallable[_databuffer_pb2.GetShardRequest, _databuffer_pb2.GetShardResponse]
-    """The consumer's part of an edge (resharded for dp_rank of dp_size), in chunks."""
+    """The consumer's part of an edge (resharded for dp_rank of dp_size) as an encoded Batch
+    in chunks; the edge is deleted once all dp_size consumers have read it. NOT_FOUND when
+    the producers' shards are not all written within timeout_s.
+    """
     DescribeStep: _grpc.UnaryUnaryMultiCallable[_databuffer_pb2.DescribeStepRequest, _databuffer_pb2.DescribeStepResponse]
+    """Every complete shard of a step, all edges."""
     DeleteStep: _grpc.UnaryUnaryMultiCallable[_databuffer_pb2.DeleteStepRequest, _databuffer_pb2.DeleteStepResponse]
+    """Delete every key of a step (also what a TTL would remove) and release its quota."""
     Stats: _grpc.UnaryUnaryMultiCallable[_databuffer_pb2.StatsRequest, _databuffer_pb2.StatsResponse]
+    """Redis memory and per-job usage against the quota."""
 
 @_typing.type_check_only
 class DataBufferServiceAsyncStub(DataBufferServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     PutShard: _aio.StreamUnaryMultiCallable[_databuffer_pb2.PutShardRequest, _databuffer_pb2.PutShardResponse]  # type: ignore[assignment]
-    """The first message carries the key, the rest carry encoded-Batch chunks in order."""
+    """The first message carries the key, the rest carry encoded-Batch chunks in order
+    (dagrl.batch codec). RESOURCE_EXHAUSTED when the job's quota or Redis is full.
+    """
     GetShard: _aio.UnaryStreamMultiCallable[_databuffer_pb2.GetShardRequest, _databuffer_pb2.GetShardResponse]  # type: ignore[assignment]
-    """The consumer's part of an edge (resharded for dp_rank of dp_size), in chunks."""
+    """The consumer's part of an edge (resharded for dp_rank of dp_size) as an encoded Batch
+    in chunks; the edge is deleted once all dp_size consumers have read it. NOT_FOUND when
+    the producers' shards are not all written within timeout_s.
+    """
     DescribeStep: _aio.UnaryUnaryMultiCallable[_databuffer_pb2.DescribeStepRequest, _databuffer_pb2.DescribeStepResponse]  # type: ignore[assignment]
+    """Every complete shard of a step, all edges."""
     DeleteStep: _aio.UnaryUnaryMultiCallable[_databuffer_pb2.DeleteStepRequest, _databuffer_pb2.DeleteStepResponse]  # type: ignore[assignment]
+    """Delete every key of a step (also what a TTL would remove) and release its quota."""
     Stats: _aio.UnaryUnaryMultiCallable[_databuffer_pb2.StatsRequest, _databuffer_pb2.StatsResponse]  # type: ignore[assignment]
+    """Redis memory and per-job usage against the quota."""
 
 class DataBufferServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -59,7 +75,9 @@ class DataBufferServiceServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_databuffer_pb2.PutShardRequest],
         context: _ServicerContext,
     ) -> _typing.Union[_databuffer_pb2.PutShardResponse, _abc.Awaitable[_databuffer_pb2.PutShardResponse]]:
-        """The first message carries the key, the rest carry encoded-Batch chunks in order."""
+        """The first message carries the key, the rest carry encoded-Batch chunks in order
+        (dagrl.batch codec). RESOURCE_EXHAUSTED when the job's quota or Redis is full.
+        """
 
     @_abc_1.abstractmethod
     def GetShard(
@@ -67,27 +85,33 @@ class DataBufferServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _databuffer_pb2.GetShardRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_databuffer_pb2.GetShardResponse], _abc.AsyncIterator[_databuffer_pb2.GetShardResponse]]:
-        """The consumer's part of an edge (resharded for dp_rank of dp_size), in chunks."""
+        """The consumer's part of an edge (resharded for dp_rank of dp_size) as an encoded Batch
+        in chunks; the edge is deleted once all dp_size consumers have read it. NOT_FOUND when
+        the producers' shards are not all written within timeout_s.
+        """
 
     @_abc_1.abstractmethod
     def DescribeStep(
         self,
         request: _databuffer_pb2.DescribeStepRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_databuffer_pb2.DescribeStepResponse, _abc.Awaitable[_databuffer_pb2.DescribeStepResponse]]: ...
+    ) -> _typing.Union[_databuffer_pb2.DescribeStepResponse, _abc.Awaitable[_databuffer_pb2.DescribeStepResponse]]:
+        """Every complete shard of a step, all edges."""
 
     @_abc_1.abstractmethod
     def DeleteStep(
         self,
         request: _databuffer_pb2.DeleteStepRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_databuffer_pb2.DeleteStepResponse, _abc.Awaitable[_databuffer_pb2.DeleteStepResponse]]: ...
+    ) -> _typing.Union[_databuffer_pb2.DeleteStepResponse, _abc.Awaitable[_databuffer_pb2.DeleteStepResponse]]:
+        """Delete every key of a step (also what a TTL would remove) and release its quota."""
 
     @_abc_1.abstractmethod
     def Stats(
         self,
         request: _databuffer_pb2.StatsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_databuffer_pb2.StatsResponse, _abc.Awaitable[_databuffer_pb2.StatsResponse]]: ...
+    ) -> _typing.Union[_databuffer_pb2.StatsResponse, _abc.Awaitable[_databuffer_pb2.StatsResponse]]:
+        """Redis memory and per-job usage against the quota."""
 
 def add_DataBufferServiceServicer_to_server(servicer: DataBufferServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,5 @@
+"""Local helper processes for the embedded single-machine mode, tests and benches."""
+
+from dagrl.local.redis_server import LocalRedis
+
+__all__ = ["LocalRedis"]

@@ -1,0 +1,405 @@
+"""The databuffer client library: workers put and get Batch shards over Redis directly.
+
+    client = DataBufferClient("redis://127.0.0.1:6379/0")  # or BufferSettings(...)
+    client.put(job, step, "rollout->reward", producer_rank, batch, producer_size=4)
+    batch = client.get(job, step, "rollout->reward", dp_rank, dp_size, timeout_s=60)
+
+An edge is the data from one producer node to one consumer node (fan-out: one edge per
+consumer node). Put protocol: reserve the bytes against the job quota, write the chunks
+(pipelined), then the meta — a reader never sees a partial shard. Get protocol: wait for
+every producer's meta, compute the same partition as every other consumer
+(`dagrl.batch.partition`), fetch only the row blocks that hold this consumer's rows,
+decode, concatenate in global row order, then record the read; the last of the edge's
+`dp_size` consumers deletes the edge. Errors are typed (`dagrl.errors`): nothing partial
+is ever returned as if whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import redis
+
+from dagrl.batch import Batch, concat, decode
+from dagrl.batch.partition import Partition, partition_rows
+from dagrl.errors import (
+    BatchError,
+    DataBufferError,
+    DataBufferRequestError,
+    QuotaExceededError,
+    ShardCorruptError,
+    ShardNotReadyError,
+)
+from dagrl_databuffer import keys as K
+from dagrl_databuffer.config import BufferSettings
+from dagrl_databuffer.shard import (
+    ShardMeta,
+    decode_block,
+    encode_shard,
+    row_runs,
+    rows_by_block,
+    shard_meta,
+)
+from dagrl_databuffer.shard import token_counts as count_tokens
+from dagrl_databuffer.store import RedisStore
+
+_MAX_POLL_INTERVAL_S = 0.05
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One stored producer shard, as DescribeStep reports it."""
+
+    job: str
+    step: int
+    edge: str
+    producer_rank: int
+    producer_size: int
+    rows: int
+    nbytes: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class EdgePlan:
+    """Every producer's meta of one edge and the partition all consumers agree on."""
+
+    metas: tuple[ShardMeta, ...]
+    partition: Partition
+
+    @property
+    def shard_rows(self) -> list[int]:
+        return [meta.rows for meta in self.metas]
+
+
+@dataclass(frozen=True)
+class JobUsage:
+    job: str
+    nbytes: int
+    shards: int
+
+
+@dataclass(frozen=True)
+class BufferStats:
+    used_memory_bytes: int
+    maxmemory_bytes: int
+    jobs: tuple[JobUsage, ...]
+
+
+class DataBufferClient:
+    """Put and get Batch shards; thread-safe (one Redis connection pool per client)."""
+
+    def __init__(self, settings: BufferSettings | str | None = None, **overrides: Any) -> None:
+        """Settings, or just a Redis URL; keyword overrides replace single settings."""
+        if isinstance(settings, str):
+            settings = BufferSettings(redis_url=settings)
+        self.settings = replace(settings or BufferSettings(), **overrides)
+        self.store = RedisStore(self.settings)
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> DataBufferClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def check_server(self) -> dict[str, Any]:
+        """Redis's memory settings; ConfigError unless maxmemory-policy is noeviction."""
+        return self.store.check_server()
+
+    # ------------------------------------------------------------------------ put
+    def put(self, job: str, step: int, edge: str, producer_rank: int, batch: Batch, *,
+            producer_size: int | None = None,
+            token_counts: Sequence[int] | None = None) -> ShardInfo:
+        """Store `batch` as producer `producer_rank`'s shard of the edge (replaces an earlier one).
+
+        `producer_size` is the producer node's dp size: consumers wait for that many shards
+        (or pass `producers` to get()). `token_counts` (per row) override the mask-based
+        count used for balancing.
+        """
+        keys = K.EdgeKeys(job, step, edge)
+        K.check_rank("producer", producer_rank, producer_size or K.MAX_DP_SIZE)
+        counts = count_tokens(batch, token_counts)
+        blocks, values = encode_shard(batch, self.settings.chunk_bytes)
+        meta = shard_meta(batch, rank=producer_rank, size=producer_size or 0, counts=counts,
+                          blocks=blocks)
+        chunk_keys = [keys.chunk(producer_rank, meta.write_id, i) for i in range(len(values))]
+        meta_key = keys.meta(producer_rank)
+        old_raw = self._reserve(keys, meta, [meta_key, *chunk_keys])
+        try:
+            self.store.write_values(f"write shard {meta_key}", chunk_keys, values)
+            self.store.call(f"write shard meta {meta_key}", lambda r: r.set(
+                meta_key, meta.to_json(), ex=self.settings.ttl_s))
+        except DataBufferError:
+            self._undo_put(keys, producer_rank, chunk_keys, old_raw)
+            raise
+        if old_raw is not None:
+            self._drop_old_chunks(keys, ShardMeta.from_json(old_raw, key=meta_key), meta)
+        return ShardInfo(job, step, edge, producer_rank, meta.producer_size, meta.rows,
+                         meta.nbytes, meta.tokens)
+
+    def _reserve(self, keys: K.EdgeKeys, meta: ShardMeta, members: list[str]) -> Any:
+        """Reserve the shard's bytes; returns the meta it replaces (raw JSON) or None."""
+        field = keys.usage_field(meta.producer_rank)
+        status, value, *replaced = self.store.call(
+            "reserve quota",
+            lambda r: self.store.reserve_script(
+                keys=[keys.usage, keys.step_index, keys.producers, keys.readers,
+                      keys.meta(meta.producer_rank)],
+                args=[field, meta.nbytes, self.settings.quota_bytes, self.settings.ttl_s,
+                      meta.producer_size, *members, keys.producers, keys.readers],
+                client=r))
+        if status == -1:
+            raise QuotaExceededError(
+                f"job {keys.job!r}: storing {meta.nbytes} bytes ({keys.edge}, step {keys.step}, "
+                f"rank {meta.producer_rank}) would exceed its quota of "
+                f"{self.settings.quota_bytes} bytes ({value} in use); consume or delete "
+                "finished steps, or raise DAGRL_DATABUFFER_QUOTA_BYTES")
+        if status == -2:
+            raise DataBufferRequestError(
+                f"edge {keys.edge!r} of step {keys.step} already has producer size {value}, "
+                f"this put says {meta.producer_size}; every producer of an edge must agree "
+                "(delete the step first when the layout changed)")
+        return replaced[0] if replaced else None
+
+    def _undo_put(self, keys: K.EdgeKeys, rank: int, chunk_keys: list[str],
+                  old_raw: Any) -> None:
+        """Best effort after a failed write: drop the new chunks, restore the quota ledger."""
+        field = keys.usage_field(rank)
+        old_bytes = ShardMeta.from_json(old_raw, key=keys.meta(rank)).nbytes if old_raw else 0
+
+        def undo(r: redis.Redis) -> None:
+            pipe = r.pipeline(transaction=False)
+            for start in range(0, len(chunk_keys), 512):
+                pipe.unlink(*chunk_keys[start:start + 512])
+            if old_bytes:
+                pipe.hset(keys.usage, field, old_bytes)
+            else:
+                pipe.hdel(keys.usage, field)
+            pipe.execute()
+        with contextlib.suppress(DataBufferError):  # the TTL removes whatever is left
+            self.store.call("undo a failed put", undo)
+
+    def _drop_old_chunks(self, keys: K.EdgeKeys, old: ShardMeta, new: ShardMeta) -> None:
+        if old.write_id == new.write_id:
+            return
+        stale = [keys.chunk(old.producer_rank, old.write_id, i) for i in range(old.chunk_count)]
+        def drop(r: redis.Redis) -> None:
+            pipe = r.pipeline(transaction=False)
+            for start in range(0, len(stale), 512):
+                pipe.unlink(*stale[start:start + 512])
+                pipe.srem(keys.step_index, *stale[start:start + 512])
+            pipe.execute()
+        if stale:
+            self.store.call("delete the replaced chunks", drop)
+
+    # ------------------------------------------------------------------------ get
+    def wait_ready(self, job: str, step: int, edge: str, producers: int | None = None, *,
+                   timeout_s: float) -> list[ShardMeta]:
+        """Every producer's shard meta of the edge, in producer-rank order, once all are written.
+
+        `producers` is the producer node's dp size; None: the size the producers recorded.
+        Polls with backoff (from `poll_interval_s` up to 50 ms); ShardNotReadyError after
+        `timeout_s` (0: look once). A Redis outage raises RedisUnavailableError, not a hang.
+        """
+        keys = K.EdgeKeys(job, step, edge)
+        if producers is not None:
+            K.check_rank("producer", 0, producers)
+        if not (isinstance(timeout_s, int | float) and 0 <= timeout_s < math.inf):
+            raise DataBufferRequestError(f"timeout_s must be a finite number >= 0, got "
+                                         f"{timeout_s!r}")
+        deadline = time.monotonic() + timeout_s
+        interval = self.settings.poll_interval_s
+        while True:
+            size, metas = self._read_metas(keys, producers)
+            missing = [rank for rank, meta in enumerate(metas) if meta is None]
+            if size and not missing:
+                return [m for m in metas if m is not None]
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ShardNotReadyError(_not_ready_message(keys, size, missing, timeout_s))
+            time.sleep(min(interval, remaining))
+            interval = min(interval * 2, _MAX_POLL_INTERVAL_S)
+
+    def _read_metas(self, keys: K.EdgeKeys,
+                    producers: int | None) -> tuple[int, list[ShardMeta | None]]:
+        def read(r: redis.Redis) -> list[Any]:  # one round trip when the size is known
+            pipe = r.pipeline(transaction=False)
+            pipe.get(keys.producers)
+            if producers:
+                pipe.mget([keys.meta(rank) for rank in range(producers)])
+            return list(pipe.execute())
+        raw_size, *known_metas = self.store.call("read the producer size and metas", read)
+        recorded = int(raw_size) if raw_size is not None else None
+        if producers is not None and recorded not in (None, producers):
+            raise DataBufferRequestError(
+                f"edge {keys.edge!r} of step {keys.step}: the producers recorded dp size "
+                f"{recorded}, this consumer expects {producers}; they must agree")
+        size = producers or recorded or 0
+        if not size:
+            return 0, []
+        meta_keys = [keys.meta(rank) for rank in range(size)]
+        raws = known_metas[0] if known_metas else self.store.call(
+            "read shard metas", lambda r: r.mget(meta_keys))
+        metas = [None if raw is None else ShardMeta.from_json(raw, key=key)
+                 for key, raw in zip(meta_keys, raws, strict=True)]
+        for rank, (key, meta) in enumerate(zip(meta_keys, metas, strict=True)):
+            if meta is not None and (meta.producer_rank != rank
+                                     or meta.producer_size not in (0, size)):
+                raise ShardCorruptError(
+                    f"shard meta {key} says rank {meta.producer_rank} of "
+                    f"{meta.producer_size}, its key says rank {rank} of {size}", key=key)
+        return size, metas
+
+    def plan(self, job: str, step: int, edge: str, dp_size: int, producers: int | None = None,
+             *, timeout_s: float) -> EdgePlan:
+        """Wait for the edge and compute the partition every consumer of `dp_size` agrees on.
+
+        A worker can use it to see, before fetching, whether its own rows are what it would
+        get (`dagrl.batch.partition.holds_own_rows(plan.partition, plan.shard_rows, rank)`).
+        """
+        K.check_rank("consumer", 0, dp_size)
+        metas = self.wait_ready(job, step, edge, producers, timeout_s=timeout_s)
+        group_ids = [g for meta in metas for g in meta.group_ids]
+        counts = [c for meta in metas for c in meta.token_counts]
+        return EdgePlan(tuple(metas), partition_rows(group_ids, counts, dp_size))
+
+    def get(self, job: str, step: int, edge: str, dp_rank: int, dp_size: int,
+            producers: int | None = None, *, timeout_s: float = 60.0) -> Batch:
+        """Consumer `dp_rank` of `dp_size`'s part of the edge, rows in global order.
+
+        Rows are the concatenation of the `producers` shards (None: as many as the producers
+        recorded) in producer-rank order, partitioned by token count with groups whole;
+        `meta` is the first fetched block's. The last consumer to read deletes the edge.
+        """
+        keys = K.EdgeKeys(job, step, edge)
+        K.check_rank("consumer", dp_rank, dp_size)
+        plan = self.plan(job, step, edge, dp_size, producers, timeout_s=timeout_s)
+        batch = self._fetch(keys, plan, plan.partition.rows[dp_rank])
+        self._release(keys, plan.metas, dp_rank, dp_size)
+        return batch
+
+    def _fetch(self, keys: K.EdgeKeys, plan: EdgePlan, rows: Sequence[int]) -> Batch:
+        needed = rows_by_block(plan.metas, rows)
+        if not needed:
+            return decode(plan.metas[0].schema)
+        requests = []
+        for rank, block_index in needed:
+            meta = plan.metas[rank]
+            block = meta.blocks[block_index]
+            requests.append([(keys.chunk(rank, meta.write_id, i), size)
+                             for i, size in zip(block.chunk_indices, block.chunk_sizes,
+                                                strict=True)])
+        buffers = self.store.read_blocks(requests)
+        pieces: list[Batch] = []
+        for ((rank, block_index), local_rows), buffer, request in zip(
+                needed.items(), buffers, requests, strict=True):
+            block = plan.metas[rank].blocks[block_index]
+            decoded = decode_block(buffer, request[0][0], block.row_stop - block.row_start)
+            if len(needed) == 1 and len(local_rows) == len(decoded):
+                return decoded  # the whole block: its buffer is private, no copy needed
+            pieces.extend(decoded.slice(a, b) for a, b in row_runs(local_rows))
+        try:
+            return concat(pieces)
+        except BatchError as exc:
+            raise DataBufferError(
+                f"the producers of edge {keys.edge!r} (step {keys.step}, job {keys.job!r}) "
+                f"wrote batches that do not concatenate: {exc}") from exc
+
+    def _release(self, keys: K.EdgeKeys, metas: Sequence[ShardMeta], dp_rank: int,
+                 dp_size: int) -> None:
+        edge_keys = [keys.producers]
+        for meta in metas:
+            edge_keys.append(keys.meta(meta.producer_rank))
+            edge_keys.extend(keys.chunk(meta.producer_rank, meta.write_id, i)
+                             for i in range(meta.chunk_count))
+        fields = [keys.usage_field(meta.producer_rank) for meta in metas]
+        status, value = self.store.call(
+            "record the read", lambda r: self.store.release_script(
+                keys=[keys.readers, keys.usage, keys.step_index, *edge_keys],
+                args=[dp_rank, dp_size, self.settings.ttl_s, *fields], client=r))
+        if status == -1:
+            raise DataBufferRequestError(
+                f"edge {keys.edge!r} of step {keys.step}: other consumers read it with dp size "
+                f"{value}, this one with {dp_size}; all consumers of an edge must agree")
+
+    # ------------------------------------------------------------------ admin
+    def describe_step(self, job: str, step: int) -> list[ShardInfo]:
+        """Every complete shard of the step (any edge), sorted by edge and producer rank."""
+        index = K.step_index(job, step)
+        members = self.store.call("list the step's keys", lambda r: r.smembers(index))
+        found = []
+        for raw in members:
+            key = _text(raw)
+            parsed = K.parse_meta_key(job, step, key)
+            if parsed is not None:
+                found.append((parsed, key))
+        found.sort()
+        raws = self.store.call("read shard metas",
+                               lambda r: r.mget([key for _, key in found])) if found else []
+        infos = []
+        for ((edge, _rank), key), raw_meta in zip(found, raws, strict=True):
+            if raw_meta is not None:
+                meta = ShardMeta.from_json(raw_meta, key=key)
+                infos.append(ShardInfo(job, step, edge, meta.producer_rank, meta.producer_size,
+                                       meta.rows, meta.nbytes, meta.tokens))
+        return infos
+
+    def delete_step(self, job: str, step: int) -> int:
+        """Delete every key the step wrote and its quota usage; returns the keys deleted."""
+        index, usage = K.step_index(job, step), K.job_usage(job)
+        prefix = K.step_usage_prefix(step)
+
+        def delete(r: redis.Redis) -> int:
+            members = [_text(m) for m in r.smembers(index)]
+            fields = [f for f in map(_text, r.hkeys(usage)) if f.startswith(prefix)]
+            pipe = r.pipeline(transaction=False)
+            for start in range(0, len(members), 512):
+                pipe.unlink(*members[start:start + 512])
+            deleted = sum(int(n) for n in pipe.execute())
+            if fields:
+                r.hdel(usage, *fields)
+            return deleted + int(r.unlink(index))
+        return self.store.call(f"delete step {step} of job {job!r}", delete)
+
+    def stats(self, job: str | None = None) -> BufferStats:
+        """Redis memory and per-job usage (one job, or every job with stored shards)."""
+        info = self.store.call("read INFO memory", lambda r: r.info("memory"))
+        if job is not None:
+            jobs = [K.check_name("job", job)]
+        else:
+            found = self.store.call("list jobs", lambda r: list(
+                r.scan_iter(match=K.USAGE_SCAN_PATTERN, count=1000)))
+            jobs = sorted({j for k in found if (j := K.job_from_usage_key(_text(k)))})
+        usages = []
+        for name in jobs:
+            usage_key = K.job_usage(name)
+
+            def read_usage(r: redis.Redis, key: str = usage_key) -> list[Any]:
+                return list(r.hvals(key))
+            values = self.store.call("read job usage", read_usage)
+            usages.append(JobUsage(name, sum(int(v) for v in values), len(values)))
+        return BufferStats(int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)),
+                           tuple(usages))
+
+
+def _not_ready_message(keys: K.EdgeKeys, size: int, missing: list[int], waited_s: float) -> str:
+    if size:
+        what = f"producer shards {missing} of {size} are"
+    else:
+        what = ("no producer shard is (and no producer size is known: pass producer_size to "
+                "put() or producers to get())")
+    return (f"edge {keys.edge!r} of step {keys.step} of job {keys.job!r}: {what} not written "
+            f"after waiting {waited_s:g} s; check that the producer node ran, and that the "
+            "edge was not already read by all its consumers (then it is deleted)")
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

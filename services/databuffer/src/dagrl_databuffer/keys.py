@@ -1,0 +1,135 @@
+"""Redis key schema of the databuffer: every key pattern lives here and nowhere else.
+
+All keys of one job share the hash tag `{job}`, so a Redis Cluster keeps a job on one slot
+and the multi-key Lua scripts stay valid there.
+
+    dagrl:{job}:usage                                hash  "<step>:<edge>:r<rank>" -> bytes
+    dagrl:{job}:<step>:keys                          set   every key the step wrote
+    dagrl:{job}:<step>:<edge>:producers              str   producer dp size of the edge
+    dagrl:{job}:<step>:<edge>:readers                hash  consumer dp rank -> dp size
+    dagrl:{job}:<step>:<edge>:r<rank>:meta           str   JSON ShardMeta, written last
+    dagrl:{job}:<step>:<edge>:r<rank>:w<write>:c<i>  str   chunk i of one write of a shard
+
+The usage hash is the per-job quota ledger; the step set is what DeleteStep removes; the
+write id in chunk keys lets a re-put of a shard (a step re-run after a restart) write new
+chunks next to the old ones and switch over by replacing the meta.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from dagrl.errors import DataBufferRequestError
+
+PREFIX = "dagrl"
+MAX_NAME_CHARS = 128
+MAX_DP_SIZE = 1 << 16
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-/>]*")
+USAGE_SCAN_PATTERN = f"{PREFIX}:{{*}}:usage"
+
+
+def check_name(kind: str, value: str) -> str:
+    """A job or edge name, checked: letters, digits and `_.-/>`, at most 128 characters."""
+    if not isinstance(value, str) or not value:
+        raise DataBufferRequestError(f"{kind} must be a non-empty string, got {value!r}")
+    if len(value) > MAX_NAME_CHARS or not _NAME.fullmatch(value):
+        raise DataBufferRequestError(
+            f"{kind} {value[:40]!r} is not a valid name: use 1-{MAX_NAME_CHARS} letters, digits "
+            "and `_.-/>`, starting with a letter or digit (no `:`, braces or spaces)"
+        )
+    return value
+
+
+def check_step(step: int) -> int:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise DataBufferRequestError(f"step must be an integer >= 0, got {step!r}")
+    return step
+
+
+def check_rank(kind: str, rank: int, size: int) -> None:
+    """`rank` of `size` (dp rank of dp size), checked."""
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_DP_SIZE:
+        raise DataBufferRequestError(f"{kind} size must be in 1..{MAX_DP_SIZE}, got {size!r}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
+        raise DataBufferRequestError(
+            f"{kind} rank must be in 0..{size - 1} for a {kind} size of {size}, got {rank!r}"
+        )
+
+
+def job_prefix(job: str) -> str:
+    return f"{PREFIX}:{{{check_name('job', job)}}}"
+
+
+def job_usage(job: str) -> str:
+    return f"{job_prefix(job)}:usage"
+
+
+def job_from_usage_key(key: str) -> str | None:
+    """The job of a `dagrl:{job}:usage` key (from a SCAN), or None for other keys."""
+    head, brace, rest = key.partition(":{")
+    if head != PREFIX or not brace or not rest.endswith("}:usage"):
+        return None
+    return rest[: -len("}:usage")]
+
+
+def step_index(job: str, step: int) -> str:
+    return f"{job_prefix(job)}:{check_step(step)}:keys"
+
+
+@dataclass(frozen=True)
+class EdgeKeys:
+    """Key names of one edge of one step of one job (names checked on construction)."""
+
+    job: str
+    step: int
+    edge: str
+
+    def __post_init__(self) -> None:
+        check_name("job", self.job)
+        check_step(self.step)
+        check_name("edge", self.edge)
+
+    @property
+    def base(self) -> str:
+        return f"{job_prefix(self.job)}:{self.step}:{self.edge}"
+
+    @property
+    def usage(self) -> str:
+        return job_usage(self.job)
+
+    @property
+    def step_index(self) -> str:
+        return step_index(self.job, self.step)
+
+    @property
+    def producers(self) -> str:
+        return f"{self.base}:producers"
+
+    @property
+    def readers(self) -> str:
+        return f"{self.base}:readers"
+
+    def meta(self, rank: int) -> str:
+        return f"{self.base}:r{rank}:meta"
+
+    def chunk(self, rank: int, write_id: str, index: int) -> str:
+        return f"{self.base}:r{rank}:w{write_id}:c{index}"
+
+    def usage_field(self, rank: int) -> str:
+        """The shard's field in the job's usage hash."""
+        return f"{self.step}:{self.edge}:r{rank}"
+
+
+def parse_meta_key(job: str, step: int, key: str) -> tuple[str, int] | None:
+    """(edge, producer rank) of a shard meta key of this job and step, or None."""
+    head = f"{job_prefix(job)}:{step}:"
+    if not key.startswith(head) or not key.endswith(":meta"):
+        return None
+    edge, _, rank = key[len(head):-len(":meta")].rpartition(":r")
+    return (edge, int(rank)) if edge and rank.isdigit() else None
+
+
+def step_usage_prefix(step: int) -> str:
+    """Prefix of the usage-hash fields of one step (see `EdgeKeys.usage_field`)."""
+    return f"{check_step(step)}:"
