@@ -6,10 +6,14 @@ export HF_HUB_OFFLINE := 1
 export RAY_AUTH_MODE := disabled
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install test test-unit test-integration test-e2e lint protos check-protos bench lock clean
+.PHONY: install demo test test-unit test-integration test-e2e lint protos check-protos bench lock clean
 
 install:
 	@PYTHON=$(PYTHON) bash scripts/install.sh
+
+## demo: build the tiny model, train it with GRPO on 2 ranks, print accuracy before/after
+demo: install
+	$(PY) scripts/demo.py
 
 ## test: every tier (unit, integration, e2e) plus the generated-code check
 test: install check-protos
@@ -36,11 +40,11 @@ check-protos: install
 	$(PY) scripts/gen_protos.py --check
 
 bench: install
-	$(PY) bench/batch_codec.py
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 ## lock: re-pin every dependency to what is installed now (after changing requirements/base.in)
 lock:
 	$(PY) -m pip freeze --exclude-editable | grep -v '^-e ' > requirements/lock.txt
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache outputs

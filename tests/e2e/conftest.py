@@ -11,6 +11,7 @@ import yaml
 
 from dagrl.models.demo import DemoRecipe, prepare_assets
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -26,16 +27,19 @@ def ray_session() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A warm-started tiny policy and an arithmetic dataset (the demo's, smaller)."""
+    """A warm-started tiny policy and an arithmetic dataset (the demo's, fewer prompts)."""
     folder = tmp_path_factory.mktemp("assets")
     prepare_assets(folder, DemoRecipe.for_tests())
     return folder
 
 
-def job_config(assets: Path, workflow: str, **sections: dict) -> dict:
-    """The demo's job config pointed at `assets`, with per-test section overrides."""
-    config = yaml.safe_load((assets / "job.yaml").read_text())
-    config["workflow"] = {"source": workflow}
+def job_config(assets: Path, example: str, **sections: dict) -> dict:
+    """`examples/<example>.yaml` pointed at `assets`, with per-test section overrides
+    (`{"trainer": {"total_training_steps": 4, "optim.lr": ...}}`: dotted keys nest)."""
+    config = yaml.safe_load((EXAMPLES / f"{example}.yaml").read_text())
+    config["data"]["train_files"] = [str(assets / "data" / "train.parquet")]
+    config["data"]["val_files"] = [str(assets / "data" / "val.parquet")]
+    config["actor_rollout_ref"]["model"]["path"] = str(assets / "model")
     for section, values in sections.items():
         target = config.setdefault(section, {})
         for key, value in values.items():

@@ -30,11 +30,11 @@ pytestmark = pytest.mark.e2e
 RANKS = 2
 
 
-def run_job(assets: Path, redis: LocalRedis, tmp_path: Path, workflow: str = "grpo",
+def run_job(assets: Path, redis: LocalRedis, tmp_path: Path, example: str = "grpo_arith",
             kill_after_checkpoint: bool = False, **sections: dict) -> tuple[Driver, JobOutcome]:
-    config = job_config(assets, workflow, **sections)
+    config = job_config(assets, example, **sections)
     config["trainer"]["default_local_dir"] = str(tmp_path)
-    plan = colocated_plan(load_workflow(workflow), world_size=RANKS)
+    plan = colocated_plan(load_workflow(config["workflow"]["source"]), world_size=RANKS)
     spec = WorkerSpec(job_id=f"e2e-{tmp_path.name}", config_yaml=yaml.safe_dump(config),
                       workflow_yaml="", overrides=(), plan=plan.SerializeToString(),
                       redis_url=redis.url, checkpoint_dir=str(tmp_path / "ckpt"))
@@ -72,7 +72,7 @@ def test_grpo_two_ranks_reward_rises(ray_session: None, assets: Path,
 def test_ppo_critic_value_loss_falls(ray_session: None, assets: Path,
                                      redis_server: LocalRedis, tmp_path: Path) -> None:
     _driver, outcome = run_job(
-        assets, redis_server, tmp_path, workflow="ppo",
+        assets, redis_server, tmp_path, example="ppo_arith",
         trainer={"total_training_steps": 8, "val_before_train": False, "test_freq": -1},
         critic={"optim.lr": 1e-3, "ppo_epochs": 2})
     assert outcome.state == JobState.SUCCEEDED, outcome.reason
@@ -84,7 +84,7 @@ def test_ppo_critic_value_loss_falls(ray_session: None, assets: Path,
 def test_dapo_counts_filtered_groups(ray_session: None, assets: Path,
                                      redis_server: LocalRedis, tmp_path: Path) -> None:
     _driver, outcome = run_job(
-        assets, redis_server, tmp_path, workflow="dapo",
+        assets, redis_server, tmp_path, example="dapo_arith",
         trainer={"total_training_steps": 2, "val_before_train": False, "test_freq": -1},
         algorithm={"filter_groups.max_num_gen_batches": 3})
     assert outcome.state == JobState.SUCCEEDED, outcome.reason

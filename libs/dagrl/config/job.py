@@ -155,7 +155,8 @@ class KLControlConfig:
 
 @dataclass(frozen=True)
 class FilterGroupsConfig:
-    enable: bool = option(False, "DAPO dynamic sampling: drop groups with equal rewards")
+    """Settings of a DYNAMIC_SAMPLING node (DAPO); the node's presence in the DAG turns it on."""
+
     metric: Literal["score", "acc", "seq_reward"] = option("score", "per-sample value compared")
     max_num_gen_batches: int = option(10, "generation rounds before giving up (0: no limit)")
 

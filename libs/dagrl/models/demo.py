@@ -3,10 +3,9 @@
 `prepare_assets(folder, recipe)` writes, under `folder`:
     model/              HF checkpoint (config, safetensors, tokenizer) after the warm start
     data/train.parquet  data/val.parquet   disjoint prompt sets
-    job.yaml            a GRPO job config whose paths point at the two above
 and skips the work when a previous call with the same recipe left them there. The same
-code path serves `make demo`, the e2e tests (a smaller recipe) and users who want a
-quick local run: `python -m dagrl.models.demo FOLDER`.
+code path serves `make demo` (folder `outputs/arith`, which the examples read), the e2e
+tests (a smaller recipe) and users: `python -m dagrl.models.demo outputs/arith`.
 """
 
 from __future__ import annotations
@@ -17,10 +16,8 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
-import yaml
 
 from dagrl.data import ArithTask, make_dataset, read_parquet
 from dagrl.models.tiny import TinyModelSpec, build_tiny_model
@@ -32,7 +29,10 @@ RECIPE_FILE = "recipe.json"
 
 @dataclass(frozen=True)
 class DemoRecipe:
-    """Everything that decides the demo's assets and its GRPO run."""
+    """What decides the demo's assets: the task, the model and its warm start.
+
+    The RL run itself is configured by `examples/grpo_arith.yaml`.
+    """
 
     digits: int = 2
     allow_carry: bool = False
@@ -44,43 +44,11 @@ class DemoRecipe:
     warm_lr: float = 3e-3
     warm_batch_size: int = 32
     seed: int = 0
-    # GRPO
-    train_batch_size: int = 32
-    rollout_n: int = 8
-    actor_lr: float = 1e-3
-    total_training_steps: int = 60
-    max_response_length: int = 5
-    n_ranks: int = 2
 
     @classmethod
     def for_tests(cls) -> DemoRecipe:
-        """A smaller recipe for e2e tests: same shape, fewer steps."""
-        return cls(n_train=512, n_val=64, warm_steps=150, total_training_steps=6,
-                   train_batch_size=16)
-
-    def job_config(self, folder: Path) -> dict[str, Any]:
-        mini = max(1, self.train_batch_size // 2)
-        return {
-            "data": {"train_files": [str(folder / "data" / "train.parquet")],
-                     "val_files": [str(folder / "data" / "val.parquet")],
-                     "train_batch_size": self.train_batch_size, "max_prompt_length": 64,
-                     "max_response_length": self.max_response_length},
-            "actor_rollout_ref": {
-                "model": {"path": str(folder / "model")},
-                "actor": {"strategy": "ddp", "ppo_mini_batch_size": mini,
-                          "ppo_micro_batch_size_per_rank": mini * self.rollout_n,
-                          "use_kl_loss": False, "optim": {"lr": self.actor_lr}},
-                "rollout": {"n": self.rollout_n,
-                            "log_prob_micro_batch_size_per_rank": 256},
-                "ref": {"log_prob_micro_batch_size_per_rank": 256},
-            },
-            "trainer": {"total_training_steps": self.total_training_steps,
-                        "n_ranks_per_node": self.n_ranks, "seed": self.seed,
-                        "val_before_train": True, "test_freq": self.total_training_steps,
-                        "logger": ["console", "jsonl"],
-                        "default_local_dir": str(folder / "checkpoints")},
-            "workflow": {"source": "grpo"},
-        }
+        """A smaller recipe for e2e tests: same task and model, fewer prompts."""
+        return cls(n_train=512, n_val=64)
 
 
 def prepare_assets(folder: str | Path, recipe: DemoRecipe) -> dict[str, float]:
@@ -104,16 +72,15 @@ def prepare_assets(folder: str | Path, recipe: DemoRecipe) -> dict[str, float]:
                                        seed=recipe.seed)
     model.save_pretrained(str(root / "model"))
     tokenizer.save_pretrained(str(root / "model"))
-    (root / "job.yaml").write_text(yaml.safe_dump(recipe.job_config(root.resolve()),
-                                                  sort_keys=False))
     marker.write_text(wanted)
     return {"warm_start_loss_first": losses[0], "warm_start_loss_last": losses[-1],
             "prepare_seconds": time.perf_counter() - started}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="build the demo's model, data and job.yaml")
-    parser.add_argument("folder", help="where to write model/, data/ and job.yaml")
+    parser = argparse.ArgumentParser(description="build the demo's model and data")
+    parser.add_argument("folder", help="where to write model/ and data/ (examples read "
+                                       "outputs/arith)")
     parser.add_argument("--small", action="store_true", help="the e2e tests' smaller recipe")
     args = parser.parse_args()
     recipe = DemoRecipe.for_tests() if args.small else DemoRecipe()
