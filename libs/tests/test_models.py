@@ -28,6 +28,7 @@ from dagrl.models import (
     build_tiny_model,
     count_parameters,
     encode_chat_prompt,
+    load_tokenizer,
     load_model_and_tokenizer,
     supervised_warm_start,
 )
@@ -208,3 +209,13 @@ def test_warm_start_lowers_loss_and_teaches_the_answer_format(
         )
     # Greedy decoding reproduces the answer and stops with eos: the rollout format was learned.
     assert output[0, prompt.shape[1] :].tolist() == [*_ids(tokenizer, "46"), tokenizer.eos_token_id]
+
+
+def test_load_tokenizer_keeps_spaces_and_newlines_next_to_a_qwen2_config(tmp_path: Path) -> None:
+    # transformers 5's AutoTokenizer would return Qwen2Tokenizer here, which drops them
+    build_tiny_model(TinyModelSpec(hidden_size=32, intermediate_size=64), build_char_tokenizer(),
+                     tmp_path)
+    tokenizer = load_tokenizer(tmp_path)
+    text = "12 + 34\n= 46"
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+    assert tokenizer.padding_side == "left" and tokenizer.eos_token == "<|im_end|>"

@@ -20,7 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def ray_session() -> Iterator[None]:
     import ray
 
-    ray.init(num_cpus=4, log_to_driver=False, include_dashboard=False)
+    ray.init(address="local", num_cpus=4, log_to_driver=False, include_dashboard=False)
     yield
     ray.shutdown()
 

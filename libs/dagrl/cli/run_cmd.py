@@ -40,7 +40,9 @@ from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 _FINAL = {common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED,
           common_pb2.JOB_STATE_CANCELLED}
 _SERVICE_START_TIMEOUT_S = 30.0
-_SHOWN = ("critic/score/mean", "actor/pg_loss", "response_length/mean", "perf/throughput")
+# metric -> its short name on the progress bar
+_SHOWN = {"critic/score/mean": "score", "actor/pg_loss": "pg_loss",
+          "response_length/mean": "resp_len", "perf/throughput": "tok/s"}
 
 
 def add_parser(subparsers: Any) -> None:
@@ -136,8 +138,8 @@ def _follow(client: SchedulerClient, job: scheduler_pb2.Job, quiet: bool) -> sch
                        file=sys.stderr, dynamic_ncols=True)
         if bar is not None and progress.step > bar.n:
             bar.update(progress.step - bar.n)
-            shown = {k.split("/")[-2] if k.count("/") > 1 else k.split("/")[-1]: f"{v:.3g}"
-                     for k, v in progress.metrics.items() if k in _SHOWN}
+            shown = {short: f"{progress.metrics[name]:.3g}" for name, short in _SHOWN.items()
+                     if name in progress.metrics}
             bar.set_postfix(shown, refresh=True)
         if last.state in _FINAL:
             break

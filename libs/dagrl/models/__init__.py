@@ -17,6 +17,7 @@ from dagrl.models.tokenizer import (
     SPECIAL_TOKENS,
     build_char_tokenizer,
     encode_chat_prompt,
+    load_tokenizer,
 )
 from dagrl.models.warm_start import Prompt, supervised_warm_start
 
@@ -31,5 +32,6 @@ __all__ = [
     "count_parameters",
     "encode_chat_prompt",
     "load_model_and_tokenizer",
+    "load_tokenizer",
     "supervised_warm_start",
 ]

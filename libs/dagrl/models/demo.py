@@ -40,15 +40,15 @@ class DemoRecipe:
     n_val: int = 200
     hidden_size: int = 128
     num_layers: int = 2
-    warm_steps: int = 300
-    warm_lr: float = 3e-3
+    warm_steps: int = 250
+    warm_lr: float = 1e-3  # 3e-3 stalled at ~0-6 % accuracy; 1e-3 reached 12-26 % greedy
     warm_batch_size: int = 32
     seed: int = 0
 
     @classmethod
     def for_tests(cls) -> DemoRecipe:
-        """A smaller recipe for e2e tests: same task and model, fewer prompts."""
-        return cls(n_train=512, n_val=64)
+        """The e2e tests' recipe: the demo's task, model and warm start, fewer val prompts."""
+        return cls(n_val=64)
 
 
 def prepare_assets(folder: str | Path, recipe: DemoRecipe) -> dict[str, float]:

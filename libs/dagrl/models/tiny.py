@@ -3,7 +3,7 @@
 Owns `TinyModelSpec` (the shape of a tiny Qwen2 or Llama model), building one deterministically
 from a seed and saving it with its tokenizer as an ordinary HF checkpoint directory (config.json,
 model.safetensors, tokenizer files), and loading such a directory the way a user loads a real
-checkpoint: `AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained`, offline.
+checkpoint: `AutoModelForCausalLM.from_pretrained` / `load_tokenizer` (AutoTokenizer), offline.
 The tokenizer is `dagrl.models.tokenizer`'s; teaching the model anything is
 `dagrl.models.warm_start`'s.
 """
@@ -18,7 +18,6 @@ from typing import Literal
 import torch
 from transformers import (
     AutoModelForCausalLM,
-    AutoTokenizer,
     LlamaConfig,
     PretrainedConfig,
     PreTrainedModel,
@@ -27,6 +26,7 @@ from transformers import (
 )
 
 from dagrl.errors import ConfigError, DagrlError
+from dagrl.models.tokenizer import load_tokenizer
 
 _CONFIG_CLASSES: dict[str, Callable[..., PretrainedConfig]] = {
     "qwen2": Qwen2Config,
@@ -113,7 +113,7 @@ def load_model_and_tokenizer(
             "pass a directory written by build_tiny_model or save_pretrained"
         )
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    tokenizer = load_tokenizer(directory)
     model.eval()
     return model, tokenizer
 

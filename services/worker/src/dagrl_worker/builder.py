@@ -14,10 +14,11 @@ from typing import Any, cast
 
 import torch
 import torch.distributed as dist
-from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
 from dagrl.batch import Batch
 from dagrl.config import JobConfig, node_config
+from dagrl.models import load_tokenizer
 from dagrl.refs import resolve_ref
 from dagrl.rewards import compute_score
 from dagrl.workflow import Node, NodeRole, NodeType, TaskGraph
@@ -79,7 +80,7 @@ def build_agent_models(graph: TaskGraph, my_nodes: set[str], agent_group: int,
     roles = {n.node_role for n in nodes}
     dtype = config.actor_rollout_ref.model.dtype
     policy_path = model_path(graph, agent_group, NodeRole.ACTOR, config)
-    tokenizer = AutoTokenizer.from_pretrained(policy_path, local_files_only=True)
+    tokenizer = load_tokenizer(policy_path)
     models = AgentModels(tokenizer=tokenizer)
     if roles & {NodeRole.ACTOR, NodeRole.ROLLOUT}:
         actor_node = _first(nodes, NodeRole.ACTOR) or _first(nodes, NodeRole.ROLLOUT)

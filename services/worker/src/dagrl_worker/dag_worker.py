@@ -24,12 +24,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from transformers import AutoTokenizer
 
 from dagrl import telemetry
 from dagrl.algorithms import AdaptiveKLController, FixedKLController, KLController
 from dagrl.batch import Batch
 from dagrl.config import JobConfig
+from dagrl.models import load_tokenizer
 from dagrl_worker import checkpoint
 from dagrl_worker.builder import build_agent_models, build_executor
 from dagrl_worker.dataflow import EdgeRouter, ShardStore, join_by_uid
@@ -93,7 +93,7 @@ class DAGWorker:
         """
         resume = self._latest_folder() if restarting else self._resume_folder()
         policy_path = self.config.actor_rollout_ref.model.path
-        tokenizer = AutoTokenizer.from_pretrained(policy_path, local_files_only=True)
+        tokenizer = load_tokenizer(policy_path)
         self.prompts_source = PromptSource(self.config, tokenizer)
         self.total_steps = total_training_steps(self.config,
                                                 self.prompts_source.batches_per_epoch)

@@ -35,7 +35,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from dagrl import telemetry
 from dagrl.jobs import JobState, JobStore
 from dagrl_worker.actors import DAGWorkerActor
-from dagrl_worker.metrics import merge
+from dagrl_worker.metrics import COMPUTE_SECONDS, merge
 from dagrl_worker.spec import WorkerSpec
 from dagrl_worker.tracking import Tracker
 
@@ -178,6 +178,9 @@ class Driver:
         tokens = metrics.get("tokens/generated", 0.0) + metrics.get("tokens/trained", 0.0)
         metrics["perf/throughput"] = tokens / elapsed
         metrics["perf/driver_bytes_received"] = float(received)
+        compute_per_rank = metrics.get(COMPUTE_SECONDS, 0.0) / max(1, len(summaries))
+        metrics["perf/overhead_fraction"] = max(0.0, 1.0 - compute_per_rank / elapsed)
+        metrics["perf/step_seconds"] = elapsed
         for name in [k for k in metrics if k.startswith("timing_s/")]:
             node = name.removeprefix("timing_s/")
             if metrics.get("tokens/generated"):
@@ -244,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     store = JobStore(redis.Redis.from_url(args.redis_url))
     try:
         spec = spec_from_store(store, args.job_id, args.redis_url)
-        ray.init(address=args.ray_address, log_to_driver=False,
+        # "local": a new private Ray, never a cluster some other process left running
+        ray.init(address=args.ray_address or "local", log_to_driver=False,
                  num_cpus=None if args.ray_address else max(4, spec.plan_view().world_size + 2))
         driver = Driver(spec, store)
         signal.signal(signal.SIGTERM, lambda *_: driver.request_cancel())

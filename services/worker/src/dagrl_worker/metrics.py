@@ -11,8 +11,14 @@ batch data: this is all the driver receives from a step.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from enum import StrEnum
+
+# Seconds a rank spends in model compute (generate, forward, backward, optimizer step);
+# the rest of a step is orchestration overhead.
+COMPUTE_SECONDS = "perf/compute_s"
 
 
 class Reduce(StrEnum):
@@ -57,6 +63,15 @@ class MetricSink:
     def extend(self, summary: Mapping[str, list]) -> None:
         for name, (reducer, value, weight) in summary.items():
             self.add(name, value, Reduce(reducer), weight)
+
+    @contextmanager
+    def compute(self) -> Iterator[None]:
+        """Count the enclosed seconds as model compute (summed over ranks)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(COMPUTE_SECONDS, time.perf_counter() - started, Reduce.SUM)
 
     def value(self, name: str, default: float = 0.0) -> float:
         return float(self._values[name][1]) if name in self._values else default

@@ -43,7 +43,7 @@ class RolloutExecutor:
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
         params = train_sampling(ctx.config)
-        with telemetry.phase_span(telemetry.SPAN_ROLLOUT_GENERATE) as span:
+        with telemetry.phase_span(telemetry.SPAN_ROLLOUT_GENERATE) as span, ctx.sink.compute():
             out = self.backend.generate(batch, params)
             lengths = out.tensors["response_mask"].sum(dim=1).float()  # [B]
             span.set_batch_size(len(out))
@@ -70,7 +70,7 @@ class OldLogProbExecutor:
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
         module, peers = forward_module(self.engine)
         micro = ctx.config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_rank
-        with telemetry.phase_span(telemetry.SPAN_LOG_PROB):
+        with telemetry.phase_span(telemetry.SPAN_LOG_PROB), ctx.sink.compute():
             log_probs = compute_log_probs(module, batch, micro, _temperature(ctx), peers)
         return batch.with_fields(tensors={"old_log_probs": log_probs})
 
@@ -85,7 +85,7 @@ class ReferenceLogProbExecutor:
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
         micro = ctx.config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_rank
-        with telemetry.phase_span(telemetry.SPAN_LOG_PROB):
+        with telemetry.phase_span(telemetry.SPAN_LOG_PROB), ctx.sink.compute():
             log_probs = compute_log_probs(self.module, batch, micro, _temperature(ctx))
         return batch.with_fields(tensors={"ref_log_probs": log_probs})
 
@@ -99,7 +99,8 @@ class ValuesExecutor:
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
         module, peers = forward_module(self.engine)
         micro = ctx.config.critic.ppo_micro_batch_size_per_rank
-        values = compute_values(module, batch, micro, peers)
+        with ctx.sink.compute():
+            values = compute_values(module, batch, micro, peers)
         return batch.with_fields(tensors={"values": values})
 
 

@@ -77,7 +77,8 @@ def masked_out_row(template: Batch) -> Batch:
 
 
 def run_minibatches(engine: TrainEngine, rows: Batch, plan: MiniBatchPlan, mode: str,
-                    micro_step: Callable[[Batch, float], None]) -> list[float]:
+                    micro_step: Callable[[Batch, float], None],
+                    sink: MetricSink) -> list[float]:
     """Drive epochs x mini-batches x micro-batches; returns the grad norm of each step.
 
     `micro_step(micro_batch, loss_scale)` runs forward + backward of one micro-batch.
@@ -95,10 +96,10 @@ def run_minibatches(engine: TrainEngine, rows: Batch, plan: MiniBatchPlan, mode:
                 local = 0.0 if is_padding else _denominator(batch.tensors["response_mask"], mode)
                 scale = engine.dp.size * local / max(global_denominator, 1.0)
                 with engine.accumulate(index == len(micros) - 1), telemetry.phase_span(
-                        telemetry.SPAN_ACTOR_FORWARD_BACKWARD) as span:
+                        telemetry.SPAN_ACTOR_FORWARD_BACKWARD) as span, sink.compute():
                     micro_step(batch, scale)
                     span.add_tokens(int(batch.tensors["response_mask"].sum()))
-            with telemetry.phase_span(telemetry.SPAN_OPTIMIZER_STEP):
+            with telemetry.phase_span(telemetry.SPAN_OPTIMIZER_STEP), sink.compute():
                 grad_norms.append(engine.optimizer_step())
     return grad_norms
 
@@ -135,7 +136,7 @@ def update_actor(engine: TrainEngine, rows: Batch, config: ActorConfig, plan: Mi
                  weight=tokens)
         sink.add("actor/ppo_kl", float(stats.ppo_kl), Reduce.MEAN, weight=tokens)
 
-    for grad_norm in run_minibatches(engine, rows, plan, mode, micro_step):
+    for grad_norm in run_minibatches(engine, rows, plan, mode, micro_step, sink):
         sink.add("actor/grad_norm", grad_norm, Reduce.MEAN)
     sink.add("actor/lr", engine.lr, Reduce.MAX)
 
@@ -156,7 +157,7 @@ def update_critic(engine: TrainEngine, rows: Batch, config: CriticConfig,
         sink.add("critic/vf_loss", float(vf_loss.detach()), Reduce.MEAN, weight=tokens)
         sink.add("critic/vf_clipfrac", float(vf_clipfrac), Reduce.MEAN, weight=tokens)
 
-    for grad_norm in run_minibatches(engine, rows, plan, mode, micro_step):
+    for grad_norm in run_minibatches(engine, rows, plan, mode, micro_step, sink):
         sink.add("critic/grad_norm", grad_norm, Reduce.MEAN)
     sink.add("critic/lr", engine.lr, Reduce.MAX)
 

@@ -1,0 +1,83 @@
+"""GRPO step throughput on 1 and 2 ranks, orchestration overhead, and driver traffic.
+
+Runs `examples/grpo_arith.yaml` (the demo's job) through the real job driver, Ray actors,
+gloo and the databuffer (a private redis-server) on the demo's tiny model, first on 1
+rank, then on 2. Per step it reads the driver's merged metrics:
+
+- tokens/s: generated + trained tokens per second of step wall time (`perf/throughput`);
+- overhead fraction: 1 - (model compute seconds per rank: generate, log-prob forwards,
+  forward/backward, optimizer steps) / step wall time seen by the driver — everything
+  else (decoding, rewards, advantages, resharding through Redis, Ray calls) is overhead;
+  the baseline, model compute, is measured in the same steps; target <= 0.10;
+- driver bytes: the pickled size of what the driver received per step (metrics only).
+
+The first step (warm-up: lazy initialisation, allocator growth) is left out of the means.
+
+    .venv/bin/python bench/e2e_step.py [--steps 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import ray
+import yaml
+
+from dagrl.local import LocalRedis
+from dagrl.models.demo import DemoRecipe, prepare_assets
+from dagrl.workflow import load_workflow
+from dagrl_worker.driver import Driver
+from dagrl_worker.plan_view import colocated_plan
+from dagrl_worker.spec import WorkerSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+ASSETS = ROOT / "outputs" / "arith"
+
+
+def job(ranks: int, steps: int, redis_url: str, folder: Path) -> dict[str, float]:
+    config = yaml.safe_load((ROOT / "examples" / "grpo_arith.yaml").read_text())
+    config["data"]["train_files"] = [str(ASSETS / "data" / "train.parquet")]
+    config["data"]["val_files"] = []
+    config["actor_rollout_ref"]["model"]["path"] = str(ASSETS / "model")
+    config["trainer"].update({"total_training_steps": steps, "n_ranks_per_node": ranks,
+                              "val_before_train": False, "test_freq": -1, "save_freq": -1,
+                              "resume_mode": "disable", "logger": []})
+    plan = colocated_plan(load_workflow("grpo"), world_size=ranks)
+    spec = WorkerSpec(f"bench-{ranks}", yaml.safe_dump(config), "", (),
+                      plan.SerializeToString(), redis_url, str(folder / f"ranks{ranks}"))
+    outcome = Driver(spec).run()
+    if outcome.last_step != steps:
+        sys.exit(f"the {ranks}-rank job stopped early: {outcome.state} {outcome.reason}")
+    measured = [m for m in outcome.history if "perf/throughput" in m][1:]
+    return {
+        "tokens_per_s": statistics.mean(m["perf/throughput"] for m in measured),
+        "overhead_fraction": statistics.mean(m["perf/overhead_fraction"] for m in measured),
+        "step_seconds": statistics.mean(m["perf/step_seconds"] for m in measured),
+        "driver_bytes": max(outcome.driver_bytes_per_step),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=8)
+    args = parser.parse_args()
+    prepare_assets(ASSETS, DemoRecipe())
+    folder = ROOT / "outputs" / "bench_e2e"
+    ray.init(address="local", num_cpus=4, log_to_driver=False, include_dashboard=False)
+    with LocalRedis() as redis:
+        results = {ranks: job(ranks, args.steps, redis.url, folder) for ranks in (1, 2)}
+    ray.shutdown()
+    for ranks, r in results.items():
+        print(f"{ranks} rank(s): {r['tokens_per_s']:8.1f} tokens/s  step {r['step_seconds']:.3f} s"
+              f"  overhead {r['overhead_fraction']:.1%}  driver {r['driver_bytes']:.0f} B/step")
+    print(f"RESULT tokens_per_s_1rank {results[1]['tokens_per_s']:.1f}")
+    print(f"RESULT tokens_per_s_2rank {results[2]['tokens_per_s']:.1f}")
+    print(f"RESULT overhead_fraction {results[2]['overhead_fraction']:.4f}")
+    print(f"RESULT driver_bytes_per_step {max(r['driver_bytes'] for r in results.values()):.0f}")
+
+
+if __name__ == "__main__":
+    main()

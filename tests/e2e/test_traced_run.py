@@ -1,0 +1,86 @@
+"""A real `dagrl run` of the tiny GRPO example, traced into a real metrics service.
+
+The metrics service runs on random ports in this process; `dagrl run` (a subprocess: Redis,
+the scheduler, the job driver, Ray ranks) exports to it over OTLP. Every node of the
+workflow must appear for every rank with durations that add up, and the critical path must
+be named.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+
+from dagrl.rpc.gen.metrics.v1 import metrics_pb2, metrics_pb2_grpc
+from dagrl.workflow import load_workflow
+from dagrl_metrics.config import MetricsConfig
+from dagrl_metrics.server import MetricsServer
+
+from .conftest import job_config
+
+pytestmark = pytest.mark.e2e
+EPS = 1e-6
+STEPS = 2
+RANKS = 2
+
+
+@pytest.fixture
+def metrics_service() -> Iterator[MetricsServer]:
+    server = MetricsServer(MetricsConfig(otlp_port=0, query_port=0, http_port=0,
+                                         step_settle_s=2.0)).start()
+    yield server
+    server.stop()
+
+
+def test_dagrl_run_is_traced_step_by_step(metrics_service: MetricsServer, assets: Path,
+                                          tmp_path: Path) -> None:
+    config = job_config(assets, "grpo_arith", trainer={
+        "total_training_steps": STEPS, "val_before_train": False, "test_freq": -1,
+        "save_freq": -1, "default_local_dir": str(tmp_path / "ckpt")})
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(config))
+    summary_file = tmp_path / "summary.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    dagrl = Path(sys.executable).parent / "dagrl"
+    run = subprocess.run(
+        [str(dagrl), "run", str(job_file), "--quiet", "--no-tracing",
+         "--summary-json", str(summary_file), "--log-dir", str(tmp_path / "logs"),
+         f"services.metrics_endpoint=127.0.0.1:{metrics_service.otlp_port}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    job_id = json.loads(summary_file.read_text())["job_id"]
+
+    order = list(load_workflow("grpo").topological_order())
+    with grpc.insecure_channel(f"127.0.0.1:{metrics_service.query_port}") as channel:
+        stub = metrics_pb2_grpc.MetricsQueryServiceStub(channel)
+        deadline = time.time() + 30
+        while True:
+            steps = stub.ListSteps(metrics_pb2.ListStepsRequest(job_id=job_id)).steps
+            if len([s for s in steps if s.complete]) == STEPS or time.time() > deadline:
+                break
+            time.sleep(0.5)
+    assert sorted(s.step for s in steps) == list(range(1, STEPS + 1))
+    for summary in steps:
+        assert summary.complete and summary.num_ranks == RANKS
+        assert [n.node_id for n in summary.nodes] == order
+        for node in summary.nodes:
+            assert sorted(r.rank for r in node.ranks) == list(range(RANKS)), node.node_id
+            for timing in node.ranks:
+                assert sum(p.duration_s for p in timing.phases) <= timing.duration_s + EPS
+        for rank_step in summary.rank_steps:
+            node_total = sum(r.duration_s for n in summary.nodes for r in n.ranks
+                             if r.rank == rank_step.rank)
+            assert 0 < node_total <= rank_step.duration_s + EPS
+            assert rank_step.duration_s <= summary.wall_time_s + EPS
+        assert list(summary.critical_path) == order  # GRPO is a chain
+        assert summary.tokens > 0
+        assert "critic/score/mean" in summary.metrics
