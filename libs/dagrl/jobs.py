@@ -92,6 +92,8 @@ class JobRecord:
     driver_pid: int = 0  # the driver process, on driver_host; 0 before launch
     driver_host: str = ""
     driver_log: str = ""  # path of the driver's log file on driver_host
+    # W3C trace context of the SubmitJob call: the driver's spans continue that trace
+    trace_context: Mapping[str, str] = field(default_factory=dict)
 
     def to_hash(self) -> dict[str, bytes]:
         return {
@@ -107,6 +109,7 @@ class JobRecord:
             "updated_unix_ms": str(self.updated_unix_ms).encode(),
             "driver_pid": str(self.driver_pid).encode(),
             "driver_host": self.driver_host.encode(), "driver_log": self.driver_log.encode(),
+            "trace_context": json.dumps(dict(self.trace_context)).encode(),
         }
 
     @classmethod
@@ -127,6 +130,7 @@ class JobRecord:
             driver_pid=int(text.get("driver_pid", b"0")),
             driver_host=text.get("driver_host", b"").decode(),
             driver_log=text.get("driver_log", b"").decode(),
+            trace_context=json.loads(text.get("trace_context", b"{}")),
         )
 
 

@@ -28,8 +28,8 @@ from dagrl.models import (
     build_tiny_model,
     count_parameters,
     encode_chat_prompt,
-    load_tokenizer,
     load_model_and_tokenizer,
+    load_tokenizer,
     supervised_warm_start,
 )
 

@@ -52,9 +52,10 @@ def test_dagrl_run_is_traced_step_by_step(metrics_service: MetricsServer, assets
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     dagrl = Path(sys.executable).parent / "dagrl"
     run = subprocess.run(
-        [str(dagrl), "run", str(job_file), "--quiet", "--no-tracing",
-         "--summary-json", str(summary_file), "--log-dir", str(tmp_path / "logs"),
-         f"services.metrics_endpoint=127.0.0.1:{metrics_service.otlp_port}"],
+        [str(dagrl), "run", str(job_file),
+         f"services.metrics_endpoint=127.0.0.1:{metrics_service.otlp_port}",
+         "--quiet", "--no-tracing", "--summary-json", str(summary_file),
+         "--log-dir", str(tmp_path / "logs")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     job_id = json.loads(summary_file.read_text())["job_id"]

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -259,8 +259,8 @@ def _is_unreachable(exc: grpc.RpcError) -> bool:
 
 
 @contextlib.contextmanager
-def embedded_scheduler(redis_url: str | None = None,
-                       log_dir: str | None = None) -> Iterator[str]:
+def embedded_scheduler(redis_url: str | None = None, log_dir: str | None = None,
+                       env: Mapping[str, str] | None = None) -> Iterator[str]:
     """A private scheduler on a free loopback port, stopped on exit; yields its address.
 
     Without `redis_url` it runs plan-only (`--no-redis`: it never touches a job store,
@@ -275,7 +275,7 @@ def embedded_scheduler(redis_url: str | None = None,
                 *store, *logs, "--announce", "--log-level", "WARNING"]
         try:
             process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                       stderr=log, text=True)
+                                       stderr=log, text=True, env={**os.environ, **(env or {})})
         except OSError as exc:
             raise UnavailableError(f"cannot start an embedded scheduler: {exc}") from exc
         try:

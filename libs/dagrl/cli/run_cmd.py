@@ -87,11 +87,14 @@ def _services(args: argparse.Namespace) -> Iterator[tuple[str, list[str]]]:
         log_dir = Path(args.log_dir).resolve()
         log_dir.mkdir(parents=True, exist_ok=True)
         overrides = [f"services.redis_url={redis_url}"]
+        env = {}
         if not args.no_tracing:
             endpoint, page = stack.enter_context(_embedded_metrics(log_dir))
             overrides.append(f"services.metrics_endpoint={endpoint}")
+            env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://{endpoint}"  # the scheduler's spans
             print(f"dashboard: {page} (while the job runs)", file=sys.stderr)
-        yield stack.enter_context(embedded_scheduler(redis_url, str(log_dir))), overrides
+        address = stack.enter_context(embedded_scheduler(redis_url, str(log_dir), env))
+        yield address, overrides
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from types import FrameType
 
+from dagrl import telemetry
 from dagrl.errors import DagrlError
 from dagrl_scheduler.config import SchedulerConfig
 from dagrl_scheduler.server import SchedulerServer
@@ -47,6 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.no_redis:
             config = _without_redis(config)
         log.info("settings: %s", config.describe())
+        tracing = telemetry.setup("dagrl-scheduler")  # OTEL_* variables; none: no-op
         server = SchedulerServer(config).start()
     except DagrlError as exc:
         print(f"dagrl_scheduler: {exc}", file=sys.stderr)
@@ -61,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.announce:
         print(f"DAGRL_SCHEDULER_ADDRESS={server.address}", flush=True)
     server.wait()
+    tracing.shutdown()
     return 0
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import redis
 import yaml
 
+from dagrl import telemetry
 from dagrl.errors import FailedPreconditionError, UnavailableError
 from dagrl.jobs import JobEvent, JobRecord, JobState, JobStateError, JobStore, new_job_id
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
@@ -73,6 +74,7 @@ class JobManager:
             config_yaml=spec.config_yaml,
             workflow_yaml=yaml.safe_dump(resolved.graph.to_dict(), sort_keys=False),
             overrides=tuple(spec.overrides),
+            trace_context=telemetry.inject_context(),
         ))
         store.set_state(job_id, JobState.PLANNING)
         total_steps = resolved.config.trainer.total_training_steps or 0

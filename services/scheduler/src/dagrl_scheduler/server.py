@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 from dagrl.errors import UnavailableError
 from dagrl.rpc.auth import BearerTokenInterceptor
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2_grpc
+from dagrl.telemetry.rpc_tracing import server_interceptors
 from dagrl_scheduler.config import SchedulerConfig
 from dagrl_scheduler.manager import JobManager
 from dagrl_scheduler.service import PROTECTED_METHODS, SERVICE_NAME, SchedulerServicer
@@ -46,7 +47,7 @@ class SchedulerServer:
     def start(self) -> SchedulerServer:
         if self._server is not None:
             return self
-        interceptors = []
+        interceptors: list[grpc.ServerInterceptor] = list(server_interceptors())
         if self.config.token:
             interceptors.append(BearerTokenInterceptor(self.config.token, PROTECTED_METHODS,
                                                        TOKEN_HINT))

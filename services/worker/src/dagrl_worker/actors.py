@@ -43,3 +43,6 @@ class DAGWorkerActor:
 
     def save_checkpoint(self, step: int) -> str:
         return self.worker.save_checkpoint(step)
+
+    def flush_telemetry(self) -> bool:
+        return self.worker.flush_telemetry()

@@ -186,6 +186,10 @@ class DAGWorker:
         assert self.prompts_source is not None
         return validate_rollouts(self, self.prompts_source)
 
+    def flush_telemetry(self) -> bool:
+        """Export every span still queued (the driver calls this before stopping the rank)."""
+        return self.telemetry.force_flush(timeout_s=10.0)
+
     # ------------------------------------------------------------------ checkpoints
     def _resume_folder(self) -> Path | None:
         trainer = self.config.trainer

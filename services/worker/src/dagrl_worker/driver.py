@@ -208,6 +208,9 @@ class Driver:
 
 
 def _stop_workers(workers: list[Any], group: Any) -> None:
+    """Flush what the ranks still hold of their traces (best effort), then stop them."""
+    flushes = [w.flush_telemetry.remote() for w in workers]
+    ray.wait(flushes, num_returns=len(flushes), timeout=15)
     for worker in workers:
         ray.kill(worker, no_restart=True)
     remove_placement_group(group)
@@ -252,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                  num_cpus=None if args.ray_address else max(4, spec.plan_view().world_size + 2))
         driver = Driver(spec, store)
         signal.signal(signal.SIGTERM, lambda *_: driver.request_cancel())
-        outcome = driver.run()
+        outcome = driver.run(submit_context=dict(store.get(args.job_id).trace_context))
     except Exception as exc:
         log.exception("driver failed")
         store.set_state(args.job_id, JobState.FAILED, f"driver error: {_short(exc)}")
