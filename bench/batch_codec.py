@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 import torch
+
 from dagrl.batch import Batch, assign_ids, decode, decode_parts, encode, encode_parts
 
 

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from dagrl.cli.client import SchedulerClient, build_job_spec
-from dagrl.local import LocalRedis
+from dagrl.local import LocalRedis, stop_process
 from dagrl.local.redis_server import free_port
 from dagrl.rpc.gen.common.v1 import common_pb2
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
@@ -27,16 +27,6 @@ pytestmark = pytest.mark.e2e
 TOKEN = "e2e-secret"
 FINAL = {common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED,
          common_pb2.JOB_STATE_CANCELLED}
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
 
 
 @pytest.fixture
@@ -51,7 +41,7 @@ def ray_head(tmp_path: Path) -> Iterator[str]:
              "--include-dashboard=false", "--disable-usage-stats"],
             env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
     yield f"127.0.0.1:{port}"
-    _stop(process)
+    stop_process(process, grace_s=30)
 
 
 @pytest.fixture
@@ -75,7 +65,7 @@ def scheduler(redis_server: LocalRedis, ray_head: str, tmp_path: Path) -> Iterat
                     raise
                 time.sleep(0.3)
     yield address
-    _stop(process)
+    stop_process(process, grace_s=30)
 
 
 def _spec(assets: Path, tmp_path: Path, name: str, steps: int) -> scheduler_pb2.JobSpec:

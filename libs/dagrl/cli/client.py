@@ -26,6 +26,7 @@ import yaml
 
 from dagrl.config import apply_overrides
 from dagrl.errors import DagrlError, InvalidInputError, UnavailableError
+from dagrl.local import stop_process
 from dagrl.rpc.auth import with_bearer_token
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from dagrl.rpc.status import error_from_rpc
@@ -281,13 +282,7 @@ def embedded_scheduler(redis_url: str | None = None, log_dir: str | None = None,
         try:
             yield _read_announcement(process, log)
         finally:
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(timeout=10)
+            stop_process(process)
             if process.stdout is not None:
                 process.stdout.close()
 

@@ -32,7 +32,7 @@ from dagrl.cli.client import (
     embedded_scheduler,
 )
 from dagrl.errors import UnavailableError
-from dagrl.local import LocalRedis
+from dagrl.local import LocalRedis, stop_process
 from dagrl.local.redis_server import free_port
 from dagrl.rpc.gen.common.v1 import common_pb2
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
@@ -114,12 +114,7 @@ def _embedded_metrics(log_dir: Path) -> Iterator[tuple[str, str]]:
             time.sleep(0.1)
         yield f"127.0.0.1:{ports['OTLP']}", f"http://127.0.0.1:{ports['HTTP']}/"
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+        stop_process(process)
 
 
 def _accepts(host: str, port: int) -> bool:

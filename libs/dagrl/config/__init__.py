@@ -19,7 +19,12 @@ from dagrl.config.job import (
     TrainerConfig,
     WorkflowConfig,
 )
-from dagrl.config.loading import apply_overrides, load_job_config, read_yaml_mapping
+from dagrl.config.loading import (
+    apply_overrides,
+    load_job_config,
+    parse_yaml_mapping,
+    read_yaml_mapping,
+)
 from dagrl.config.node import NodeConfig, node_config
 from dagrl.config.typed import build, field_doc, nested, option, to_dict
 
@@ -49,6 +54,7 @@ __all__ = [
     "nested",
     "node_config",
     "option",
+    "parse_yaml_mapping",
     "read_yaml_mapping",
     "to_dict",
 ]

@@ -26,19 +26,24 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read {file}: {exc.strerror or exc}", source=str(file)) from exc
+    return parse_yaml_mapping(text, str(file))
+
+
+def parse_yaml_mapping(text: str, source: str) -> dict[str, Any]:
+    """YAML text's top-level mapping; ConfigError naming `source`, line and column."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"malformed YAML{where}: {problem}", source=str(file)) from exc
+        raise ConfigError(f"malformed YAML{where}: {problem}", source=source) from exc
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(
             f"the top level must be a mapping of sections, got {type(data).__name__}",
-            source=str(file),
+            source=source,
         )
     return data
 

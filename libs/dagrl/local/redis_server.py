@@ -20,6 +20,7 @@ from pathlib import Path
 from types import TracebackType
 
 from dagrl.errors import LocalServerError
+from dagrl.local.processes import stop_process
 
 _START_ATTEMPTS = 3  # a free port can be taken by someone else before redis binds it
 
@@ -130,13 +131,7 @@ class LocalRedis:
 
     @staticmethod
     def _terminate(process: subprocess.Popen[bytes]) -> None:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=5)
+        stop_process(process, grace_s=5)
         if process.stderr is not None:
             process.stderr.close()
 

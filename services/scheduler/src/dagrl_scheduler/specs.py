@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass
-from typing import Any
 
-import yaml
-
-from dagrl.config import JobConfig, apply_overrides, build
-from dagrl.errors import ConfigError, InvalidInputError
+from dagrl.config import JobConfig, apply_overrides, build, parse_yaml_mapping
+from dagrl.errors import InvalidInputError
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.workflow import TaskGraph, list_builtin_workflows, load_workflow, parse_workflow
 from dagrl_scheduler.planning import Cluster, cluster_from_proto
@@ -41,7 +38,7 @@ def resolve_job(spec: scheduler_pb2.JobSpec, cluster: scheduler_pb2.ClusterSpec)
 
 def load_config(spec: scheduler_pb2.JobSpec) -> JobConfig:
     source = spec.config_source or "<config>"
-    data = yaml_mapping(spec.config_yaml, source) if spec.config_yaml.strip() else {}
+    data = parse_yaml_mapping(spec.config_yaml, source) if spec.config_yaml.strip() else {}
     merged = apply_overrides(data, spec.overrides)
     return build(JobConfig, merged, source=source)
 
@@ -67,21 +64,3 @@ def cluster_from_config(config: JobConfig) -> Cluster:
     if kind == "auto":  # cuda when this machine has a GPU driver (the embedded, one-host case)
         kind = "cuda" if shutil.which("nvidia-smi") else "cpu"
     return Cluster.homogeneous(trainer.nnodes, trainer.n_ranks_per_node, device_kind=kind)
-
-
-def yaml_mapping(text: str, source: str) -> dict[str, Any]:
-    """The top-level mapping of YAML text; ConfigError with line and column when malformed."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"malformed YAML{where}: {problem}", source=source) from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"the top level must be a mapping of sections, got {type(data).__name__}",
-            source=source)
-    return data
