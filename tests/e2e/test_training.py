@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 
 from dagrl.jobs import JobState
 from dagrl.local import LocalRedis
+from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.workflow import load_workflow
 from dagrl_worker import checkpoint
 from dagrl_worker.driver import Driver, JobOutcome
@@ -31,10 +32,11 @@ RANKS = 2
 
 
 def run_job(assets: Path, redis: LocalRedis, tmp_path: Path, example: str = "grpo_arith",
-            kill_after_checkpoint: bool = False, **sections: dict) -> tuple[Driver, JobOutcome]:
+            kill_after_checkpoint: bool = False, plan: scheduler_pb2.Plan | None = None,
+            **sections: dict) -> tuple[Driver, JobOutcome]:
     config = job_config(assets, example, **sections)
     config["trainer"]["default_local_dir"] = str(tmp_path)
-    plan = colocated_plan(load_workflow(config["workflow"]["source"]), world_size=RANKS)
+    plan = plan or colocated_plan(load_workflow(config["workflow"]["source"]), world_size=RANKS)
     spec = WorkerSpec(job_id=f"e2e-{tmp_path.name}", config_yaml=yaml.safe_dump(config),
                       workflow_yaml="", overrides=(), plan=plan.SerializeToString(),
                       redis_url=redis.url, checkpoint_dir=str(tmp_path / "ckpt"))
@@ -130,3 +132,44 @@ def test_killed_worker_restarts_from_checkpoint(ray_session: None, assets: Path,
     assert outcome.state == JobState.SUCCEEDED, outcome.reason
     assert outcome.restarts == 1
     assert outcome.last_step == 6
+
+
+def split_plan() -> scheduler_pb2.Plan:
+    """GRPO with generation on rank 0 and training on rank 1 (data crosses the databuffer,
+    weights come back by broadcast)."""
+    plan = scheduler_pb2.Plan(world_size=2)
+    for node in load_workflow("grpo").nodes:
+        rank = 0 if node.node_id in ("rollout", "reward", "advantage") else 1
+        plan.layouts.add(node_id=node.node_id, dp_size=1, tp_size=1, pp_size=1, ranks=[rank])
+    plan.process_groups.add(name="rollout", ranks=[0], node_ids=["rollout"])
+    plan.process_groups.add(name="actor", ranks=[1], node_ids=["old_log_prob", "actor_train"])
+    plan.process_groups.add(name="reference", ranks=[1], node_ids=["ref_log_prob"])
+    return plan
+
+
+def test_rollout_on_its_own_rank_generates_with_the_updated_policy(
+        ray_session: None, assets: Path, redis_server: LocalRedis, tmp_path: Path) -> None:
+    _driver, outcome = run_job(assets, redis_server, tmp_path, plan=split_plan(),
+                               trainer={"total_training_steps": 8, "val_before_train": True,
+                                        "test_freq": 8, "save_freq": 8})
+    assert outcome.state == JobState.SUCCEEDED, outcome.reason
+    accuracy = series(outcome, "val/arith/accuracy")
+    assert len(accuracy) == 2
+    # validation runs on rank 0, which never trains: it can only improve through the sync
+    assert accuracy[1] > accuracy[0] + 0.05, accuracy
+    assert (tmp_path / "ckpt" / "global_step_8" / "agent0" / "actor" / "model.safetensors"
+            ).is_file()
+
+
+def test_fsdp2_actor_trains_and_checkpoints(ray_session: None, assets: Path,
+                                            redis_server: LocalRedis, tmp_path: Path) -> None:
+    _driver, outcome = run_job(
+        assets, redis_server, tmp_path,
+        trainer={"total_training_steps": 3, "save_freq": 3, "val_before_train": False,
+                 "test_freq": -1},
+        actor_rollout_ref={"actor.strategy": "fsdp"})
+    assert outcome.state == JobState.SUCCEEDED, outcome.reason
+    assert len(series(outcome, "actor/pg_loss")) == 3
+    saved = _actor_weights(tmp_path / "ckpt", 3)
+    initial = load_file(str(assets / "model" / "model.safetensors"))
+    assert any(not torch.equal(saved[name], initial[name]) for name in initial if name in saved)

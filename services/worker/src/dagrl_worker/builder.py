@@ -82,8 +82,13 @@ def build_agent_models(graph: TaskGraph, my_nodes: set[str], agent_group: int,
     policy_path = model_path(graph, agent_group, NodeRole.ACTOR, config)
     tokenizer = load_tokenizer(policy_path)
     models = AgentModels(tokenizer=tokenizer)
-    if roles & {NodeRole.ACTOR, NodeRole.ROLLOUT}:
-        actor_node = _first(nodes, NodeRole.ACTOR) or _first(nodes, NodeRole.ROLLOUT)
+    if NodeRole.ROLLOUT in roles and NodeRole.ACTOR not in roles:
+        # a rollout-only rank: its own full model, refreshed by weight sync every step
+        rollout_module = _load_causal_lm(policy_weights or policy_path, dtype)
+        rollout_module.eval()
+        models.rollout = HFRollout(rollout_module, tokenizer)
+    if NodeRole.ACTOR in roles:
+        actor_node = _first(nodes, NodeRole.ACTOR)
         module = _load_causal_lm(policy_weights or policy_path, dtype)
         module.train()
         strategy = config.actor_rollout_ref.actor.strategy

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from safetensors.torch import save_file
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 
@@ -87,6 +88,27 @@ def _prune(root: Path, keep: int) -> None:
     steps = sorted(int(p.name.rsplit("_", 1)[1]) for p in root.glob("global_step_*"))
     for old in steps[:-keep]:
         shutil.rmtree(step_dir(root, old), ignore_errors=True)
+
+
+def save_hf_model(module: Any, state: dict[str, torch.Tensor], folder: Path) -> None:
+    """An HF checkpoint (config + model.safetensors) that `from_pretrained` loads.
+
+    Written by hand because `save_pretrained` writes weights only on world rank 0 once
+    torch.distributed is up, and the rank that holds a model need not be rank 0. Tensors
+    that share memory (tied embeddings) are written once; HF re-ties them on load.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    module.config.save_pretrained(str(folder))
+    if getattr(module, "generation_config", None) is not None:
+        module.generation_config.save_pretrained(str(folder))
+    seen: set[tuple[int, tuple[int, ...]]] = set()
+    unique = {}
+    for name, tensor in state.items():
+        key = (tensor.untyped_storage().data_ptr(), tuple(tensor.shape))
+        if key not in seen:
+            seen.add(key)
+            unique[name] = tensor.detach().contiguous()
+    save_file(unique, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
 def save_rank_state(folder: Path, rank: int, state: dict[str, Any]) -> None:

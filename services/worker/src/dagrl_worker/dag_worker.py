@@ -37,9 +37,11 @@ from dagrl_worker.executors.base import AgentModels, Executor, StepContext
 from dagrl_worker.metrics import MetricSink, Reduce, Summary
 from dagrl_worker.prompt_source import PromptSource
 from dagrl_worker.prompts import dp_slice, prompts_to_batch
+from dagrl_worker.rollout import HFRollout
 from dagrl_worker.spec import WorkerSpec
 from dagrl_worker.training.parallel import DataParallel
 from dagrl_worker.validation import validate_rollouts
+from dagrl_worker.weight_sync import SyncGroup, broadcast_weights, sync_groups
 
 
 class DAGWorker:
@@ -59,6 +61,7 @@ class DAGWorker:
         self.checkpoint_root = Path(spec.checkpoint_dir)
         self.prompts_source: PromptSource | None = None
         self.total_steps = 0
+        self.weight_syncs: list[tuple[SyncGroup, dist.ProcessGroup | None]] = []
         torch.manual_seed(self.config.trainer.seed * 1000 + rank)
         services = self.config.services
         self.telemetry = telemetry.setup(
@@ -77,6 +80,9 @@ class DAGWorker:
             if dist.is_initialized():
                 handle = dist.new_group(list(group.ranks))
                 self.groups[group.name] = handle if self.rank in group.ranks else None
+        for sync in sync_groups(self.graph, self.plan):  # after the plan's, same order
+            handle = dist.new_group(list(sync.ranks)) if dist.is_initialized() else None
+            self.weight_syncs.append((sync, handle))
 
     def _dp_for(self, node_id: str) -> DataParallel:
         group = self.plan.group_of(node_id)
@@ -132,6 +138,7 @@ class DAGWorker:
                           regenerate=lambda node_id, rnd: self._regenerate(step, node_id, rnd))
         with telemetry.step_span(step, self.spec.job_id, parent=trace) as span:
             self._walk(step, ctx, global_prompts, self.order)
+            self._sync_weights()
             span.add_tokens(int(sink.value("tokens/generated")))
         self.router.clear()
         sink.add("perf/time_per_step", time.perf_counter() - started, Reduce.MAX)
@@ -160,6 +167,24 @@ class DAGWorker:
                 output = self.executors[node_id].run(batch, ctx)
             ctx.sink.add(f"timing_s/{node_id}", time.perf_counter() - started, Reduce.MAX)
             self.router.publish(step, node_id, output)
+
+    def _sync_weights(self) -> None:
+        """Send the updated actor to rollout ranks that do not hold it (see weight_sync)."""
+        for sync, group in self.weight_syncs:
+            models = self.models.get(sync.agent_group)
+            actor = models.actor if models is not None else None
+            sharded = actor is not None and actor.strategy == "fsdp" and actor.dp.is_distributed
+            state = None
+            if actor is not None and (self.rank == sync.source or sharded):
+                state = actor.full_state_dict()  # a collective of the actor's ranks under FSDP
+            if self.rank not in sync.ranks or group is None or models is None:
+                continue
+            if self.rank != sync.source:
+                assert isinstance(models.rollout, HFRollout)
+                state = models.rollout.module.state_dict()
+            assert state is not None
+            with telemetry.phase_span(telemetry.SPAN_WEIGHT_SYNC) as span:
+                span.add_bytes(broadcast_weights(state, sync.source, group))
 
     def _regenerate(self, step: int, node_id: str, round_index: int) -> Batch:
         """Rerun this rank's ancestors of `node_id` on freshly drawn prompts (DAPO).
@@ -216,11 +241,10 @@ class DAGWorker:
                 if engine is None:
                     continue
                 full = engine.full_state_dict(on_every_rank=False)  # collective under FSDP
-                if self.rank == 0:
-                    engine.inner.save_pretrained(  # type: ignore[operator]
-                        str(tmp / f"agent{agent}" / role),
-                        state_dict=full)
-                    models.tokenizer.save_pretrained(str(tmp / f"agent{agent}" / role))
+                if engine.dp.rank == 0:  # the engine's first rank writes the shared files
+                    folder = tmp / f"agent{agent}" / role
+                    checkpoint.save_hf_model(engine.inner, full, folder)
+                    models.tokenizer.save_pretrained(str(folder))
                 rank_state[f"agent{agent}/{role}"] = engine.training_state()
         checkpoint.save_rank_state(tmp, self.rank, rank_state)
         if self.rank == 0:
