@@ -1,15 +1,7 @@
-"""Entry point: `python -m dagrl_worker`."""
+"""Entry point: `python -m dagrl_worker --job-id J --redis-url R` runs one job's driver
+(the scheduler launches it this way; see `dagrl_worker.driver`)."""
 
-import sys
-
-
-def main() -> int:
-    print(
-        "dagrl_worker: this service is not built yet; its work is tracked in issue 4",
-        file=sys.stderr,
-    )
-    return 2
-
+from dagrl_worker.driver import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

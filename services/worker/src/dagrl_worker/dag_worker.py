@@ -16,7 +16,6 @@ its output on. Only small metric summaries are returned to the driver.
 
 from __future__ import annotations
 
-import os
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -32,6 +31,7 @@ from dagrl.config import JobConfig
 from dagrl.models import load_tokenizer
 from dagrl_worker import checkpoint
 from dagrl_worker.builder import build_agent_models, build_executor
+from dagrl_worker.config import WorkerSettings
 from dagrl_worker.dataflow import EdgeRouter, ShardStore, join_by_uid
 from dagrl_worker.executors.base import AgentModels, Executor, StepContext
 from dagrl_worker.metrics import MetricSink, Reduce, Summary
@@ -46,7 +46,7 @@ from dagrl_worker.weight_sync import SyncGroup, broadcast_weights, sync_groups
 
 class DAGWorker:
     def __init__(self, spec: WorkerSpec, rank: int, store: ShardStore | None = None) -> None:
-        torch.set_num_threads(int(os.environ.get("DAGRL_TORCH_THREADS", "1")))
+        torch.set_num_threads(WorkerSettings.from_env().torch_threads)
         self.spec, self.rank = spec, rank
         self.config: JobConfig = spec.job_config()
         self.graph = spec.workflow()
