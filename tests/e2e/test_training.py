@@ -20,6 +20,7 @@ from dagrl.jobs import JobState
 from dagrl.local import LocalRedis
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.workflow import load_workflow
+from dagrl_scheduler.planning import Cluster, make_plan
 from dagrl_worker import checkpoint
 from dagrl_worker.driver import Driver, JobOutcome
 from dagrl_worker.plan_view import colocated_plan
@@ -71,10 +72,17 @@ def test_grpo_two_ranks_reward_rises(ray_session: None, assets: Path,
     assert max(outcome.driver_bytes_per_step) < 64 * 1024
 
 
+def scheduler_plan(workflow: str) -> scheduler_pb2.Plan:
+    """What the scheduler plans for one machine with 2 slots (PPO: the actor and the critic
+    updates on different ranks, the shared upstream on both)."""
+    cluster = Cluster.homogeneous(1, RANKS, device_kind="cpu")
+    return make_plan(load_workflow(workflow), cluster).to_proto()
+
+
 def test_ppo_critic_value_loss_falls(ray_session: None, assets: Path,
                                      redis_server: LocalRedis, tmp_path: Path) -> None:
     _driver, outcome = run_job(
-        assets, redis_server, tmp_path, example="ppo_arith",
+        assets, redis_server, tmp_path, example="ppo_arith", plan=scheduler_plan("ppo"),
         trainer={"total_training_steps": 8, "val_before_train": False, "test_freq": -1},
         critic={"optim.lr": 1e-3, "ppo_epochs": 2})
     assert outcome.state == JobState.SUCCEEDED, outcome.reason

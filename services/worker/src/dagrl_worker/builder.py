@@ -4,7 +4,9 @@
 engine (its module doubles as the colocated `hf` rollout), the frozen reference, the
 critic engine. `build_executor` maps each node to its executor by (type, role) with a
 plain match: every node type the loader accepts either gets an executor here or a clear
-error naming the node.
+error naming the node. A ROLLOUT node whose `agent_options` name an `env` runs multi-turn
+episodes; ENV_INTERACT nodes are refused with a pointer to that option (the env is stepped
+inside the rollout, where each sample's turns run concurrently).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
 from dagrl.batch import Batch
 from dagrl.config import JobConfig, node_config
+from dagrl.envs import agent_options, env_factory
+from dagrl.errors import ConfigError
 from dagrl.models import load_tokenizer
 from dagrl.refs import resolve_ref
 from dagrl.rewards import compute_score
@@ -39,7 +43,8 @@ from dagrl_worker.executors.models import (
     RolloutExecutor,
     ValuesExecutor,
 )
-from dagrl_worker.rollout import HFRollout
+from dagrl_worker.executors.multiturn import MultiTurnRolloutExecutor
+from dagrl_worker.rollout import HFRollout, RolloutBackend
 from dagrl_worker.training.engine import TrainEngine
 from dagrl_worker.training.parallel import DataParallel
 
@@ -88,7 +93,6 @@ def build_agent_models(graph: TaskGraph, my_nodes: set[str], agent_group: int,
         rollout_module.eval()
         models.rollout = HFRollout(rollout_module, tokenizer)
     if NodeRole.ACTOR in roles:
-        actor_node = _first(nodes, NodeRole.ACTOR)
         module = _load_causal_lm(policy_weights or policy_path, dtype)
         module.train()
         strategy = config.actor_rollout_ref.actor.strategy
@@ -96,7 +100,7 @@ def build_agent_models(graph: TaskGraph, my_nodes: set[str], agent_group: int,
             raise UnsupportedNodeError("actor strategy 'megatron' needs the megatron extra and "
                                        "a GPU; use fsdp or ddp on CPU")
         models.actor = TrainEngine(module, config.actor_rollout_ref.actor.optim, total_steps,
-                                   dp_for(actor_node.node_id), strategy)  # type: ignore[union-attr]
+                                   _training_dp(nodes, NodeRole.ACTOR, dp_for), strategy)
         if NodeRole.ROLLOUT in roles:
             if strategy == "ddp" or not models.actor.dp.is_distributed:
                 rollout_module = module  # a full copy on this rank: generate with it directly
@@ -109,17 +113,24 @@ def build_agent_models(graph: TaskGraph, my_nodes: set[str], agent_group: int,
         reference.eval().requires_grad_(False)
         models.reference = reference
     if NodeRole.CRITIC in roles:
-        critic_node = _first(nodes, NodeRole.CRITIC)
         critic_path = model_path(graph, agent_group, NodeRole.CRITIC, config)
         value_model = _load_value_model(critic_path, config.critic.model.dtype)
         value_model.train()
         models.critic = TrainEngine(value_model, config.critic.optim, total_steps,
-                                    dp_for(critic_node.node_id), "ddp")  # type: ignore[union-attr]
+                                    _training_dp(nodes, NodeRole.CRITIC, dp_for), "ddp")
     return models
 
 
-def _first(nodes: list[Node], role: NodeRole) -> Node | None:
-    return next((n for n in nodes if n.node_role == role), None)
+def _training_dp(nodes: list[Node], role: NodeRole,
+                 dp_for: Callable[[str], DataParallel]) -> DataParallel:
+    """The data-parallel group of this rank's training node of `role`.
+
+    A rank that only runs forward passes of the model (log-probs, values, rollout) needs no
+    group: its weights arrive by weight sync from the ranks that train.
+    """
+    trainers = sorted(n.node_id for n in nodes if n.node_role == role
+                      and n.node_type == NodeType.MODEL_TRAIN and not n.only_forward_compute)
+    return dp_for(trainers[0]) if trainers else DataParallel()
 
 
 def build_executor(node: Node, models: AgentModels, config: JobConfig, target_groups: int,
@@ -132,7 +143,17 @@ def build_executor(node: Node, models: AgentModels, config: JobConfig, target_gr
         function = cast(Callable[[Batch, StepContext], Batch], resolve_ref(node.executable_ref))
         return CustomExecutor(node.node_id, function)
     if kind == NodeType.MODEL_INFERENCE and role == NodeRole.ROLLOUT:
-        return RolloutExecutor(_need(models.rollout, node, "a rollout backend"))
+        return _rollout_executor(node, models, _need(models.rollout, node, "a rollout backend"))
+    if node.agent_options:
+        raise UnsupportedNodeError(
+            f"node {node.node_id!r} ({kind.name}, role {role.name}) has agent_options, which "
+            "only a ROLLOUT node (MODEL_INFERENCE) reads; move them to the rollout node")
+    if kind == NodeType.ENV_INTERACT:
+        raise UnsupportedNodeError(
+            f"node {node.node_id!r} is ENV_INTERACT: environments are stepped inside the "
+            "rollout (each sample's turns run concurrently there); remove this node and set "
+            "agent_options.env (e.g. 'math', 'calculator' or 'module:Class') on the ROLLOUT "
+            "node")
     if role == NodeRole.REWARD and kind == NodeType.COMPUTE:
         ref = options.reward_fn or config.reward.reward_fn or node.executable_ref
         score_fn = cast(Callable[..., float], resolve_ref(ref)) if ref else compute_score
@@ -158,9 +179,23 @@ def build_executor(node: Node, models: AgentModels, config: JobConfig, target_gr
         return BarrierExecutor(group)
     raise UnsupportedNodeError(
         f"node {node.node_id!r} ({kind.name}, role {role.name}) has no executor in this "
-        "worker: ENV_INTERACT nodes and reward models (MODEL_INFERENCE + REWARD) are not "
-        "supported yet; use a COMPUTE reward node or a CUSTOM node with executable_ref"
+        "worker: reward models (MODEL_INFERENCE + REWARD) are not supported yet; use a "
+        "COMPUTE reward node or a CUSTOM node with executable_ref"
     )
+
+
+def _rollout_executor(node: Node, models: AgentModels, backend: RolloutBackend) -> Executor:
+    """Single-turn, or multi-turn episodes when the node's agent_options name an env."""
+    options = agent_options(node.node_id, node.agent_options)
+    if not options.is_multi_turn:
+        if node.agent_options:
+            raise ConfigError(f"node {node.node_id!r} agent_options set "
+                              f"{sorted(node.agent_options)} but no env; add env (e.g. "
+                              "'math') for multi-turn rollouts or remove them")
+        return RolloutExecutor(backend)
+    assert options.env is not None
+    make_env = env_factory(options.env, options.max_assistant_turns)
+    return MultiTurnRolloutExecutor(backend, models.tokenizer, options, make_env)
 
 
 def _need(value: Any, node: Node, what: str) -> Any:

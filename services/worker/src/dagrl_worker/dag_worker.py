@@ -29,6 +29,7 @@ from dagrl.algorithms import AdaptiveKLController, FixedKLController, KLControll
 from dagrl.batch import Batch
 from dagrl.config import JobConfig
 from dagrl.models import load_tokenizer
+from dagrl.workflow import NodeRole
 from dagrl_worker import checkpoint
 from dagrl_worker.builder import build_agent_models, build_executor
 from dagrl_worker.config import WorkerSettings
@@ -41,7 +42,12 @@ from dagrl_worker.rollout import HFRollout
 from dagrl_worker.spec import WorkerSpec
 from dagrl_worker.training.parallel import DataParallel
 from dagrl_worker.validation import validate_rollouts
-from dagrl_worker.weight_sync import SyncGroup, broadcast_weights, sync_groups
+from dagrl_worker.weight_sync import (
+    SyncGroup,
+    broadcast_weights,
+    sync_groups,
+    trainer_ranks,
+)
 
 
 class DAGWorker:
@@ -169,22 +175,25 @@ class DAGWorker:
             self.router.publish(step, node_id, output)
 
     def _sync_weights(self) -> None:
-        """Send the updated actor to rollout ranks that do not hold it (see weight_sync)."""
+        """Send updated models to the ranks that use but do not train them (weight_sync)."""
         for sync, group in self.weight_syncs:
             models = self.models.get(sync.agent_group)
-            actor = models.actor if models is not None else None
-            sharded = actor is not None and actor.strategy == "fsdp" and actor.dp.is_distributed
+            engine = None
+            if models is not None:
+                engine = models.actor if sync.role == NodeRole.ACTOR else models.critic
+            sharded = engine is not None and engine.strategy == "fsdp" and engine.dp.is_distributed
             state = None
-            if actor is not None and (self.rank == sync.source or sharded):
-                state = actor.full_state_dict()  # a collective of the actor's ranks under FSDP
+            if engine is not None and (self.rank == sync.source or sharded):
+                state = engine.full_state_dict()  # a collective of the trainers under FSDP
             if self.rank not in sync.ranks or group is None or models is None:
                 continue
             if self.rank != sync.source:
-                assert isinstance(models.rollout, HFRollout)
-                state = models.rollout.module.state_dict()
+                state = _receiving_state(models, sync.role)
             assert state is not None
             with telemetry.phase_span(telemetry.SPAN_WEIGHT_SYNC) as span:
                 span.add_bytes(broadcast_weights(state, sync.source, group))
+            if self.rank != sync.source and models.rollout_copy is not None and models.actor:
+                models.rollout_copy.load_state_dict(models.actor.inner.state_dict())
 
     def _regenerate(self, step: int, node_id: str, round_index: int) -> Batch:
         """Rerun this rank's ancestors of `node_id` on freshly drawn prompts (DAPO).
@@ -241,7 +250,8 @@ class DAGWorker:
                 if engine is None:
                     continue
                 full = engine.full_state_dict(on_every_rank=False)  # collective under FSDP
-                if engine.dp.rank == 0:  # the engine's first rank writes the shared files
+                trainers = trainer_ranks(self.graph, self.plan, agent, NodeRole(role.upper()))
+                if self.rank == min(trainers, default=-1):  # the first trainer writes it
                     folder = tmp / f"agent{agent}" / role
                     checkpoint.save_hf_model(engine.inner, full, folder)
                     models.tokenizer.save_pretrained(str(folder))
@@ -270,6 +280,17 @@ class DAGWorker:
         self.kl_controller.value = float(rank_state["kl_coef"])
         checkpoint.restore_rng(rank_state["rng"])
         return int(trainer_state["step"]) + 1
+
+
+def _receiving_state(models: AgentModels, role: NodeRole) -> dict[str, torch.Tensor]:
+    """The tensors a receiving rank fills in place: its copy of the synced model."""
+    if role == NodeRole.CRITIC:
+        assert models.critic is not None
+        return models.critic.inner.state_dict()
+    if models.actor is not None:
+        return models.actor.inner.state_dict()
+    assert isinstance(models.rollout, HFRollout)
+    return models.rollout.module.state_dict()
 
 
 def total_training_steps(config: JobConfig, batches_per_epoch: int) -> int:

@@ -1,11 +1,13 @@
-"""Weight sync from the actor to rollout ranks that do not hold the actor.
+"""Weight sync from the ranks that train a model to the ranks that only use it.
 
-When the plan colocates rollout and actor, the `hf` rollout generates with the actor's own
-module (or a full copy that each update refreshes) and nothing crosses ranks. When some
-rollout ranks hold no actor, the actor's first rank broadcasts the updated weights to them
-at the end of every step, in buckets of at most `BUCKET_BYTES`, over a process group of
-the sender and those receivers. Every rank derives the same groups from the plan in the
-same order, so `new_group` calls match.
+When the plan colocates every node of a model (the common case), the `hf` rollout generates
+with the actor's own module (or a full copy that each update refreshes) and nothing crosses
+ranks. When some ranks run a model without training it — rollout or log-probs of the actor,
+values of the critic, on ranks where the plan put no training node of that model — the
+first training rank broadcasts the updated weights to them at the end of every step, in
+buckets of at most `BUCKET_BYTES`, over a process group of the sender and those receivers.
+Every rank derives the same groups from the plan in the same order, so `new_group` calls
+match.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ BUCKET_BYTES = 64 << 20
 
 @dataclass(frozen=True)
 class SyncGroup:
-    """The actor of `agent_group` feeds rollout ranks that hold no actor."""
+    """The `role` model (ACTOR or CRITIC) of `agent_group` feeds ranks that do not train it."""
 
     agent_group: int
-    source: int  # the actor's first rank
+    role: NodeRole
+    source: int  # the first rank that trains the model
     ranks: tuple[int, ...]  # source first, then the receivers
 
     @property
@@ -35,20 +38,30 @@ class SyncGroup:
         return self.ranks[1:]
 
 
+# The roles whose nodes run each model: the actor's module also serves the rollout.
+_USERS = {NodeRole.ACTOR: (NodeRole.ACTOR, NodeRole.ROLLOUT), NodeRole.CRITIC: (NodeRole.CRITIC,)}
+
+
+def trainer_ranks(graph: TaskGraph, plan: PlanView, agent: int, role: NodeRole) -> set[int]:
+    """The ranks that train `role`'s model of `agent` (MODEL_TRAIN, not forward-only)."""
+    return {r for n in graph.nodes if n.agent_group == agent and n.node_role == role
+            and n.node_type == NodeType.MODEL_TRAIN and not n.only_forward_compute
+            for r in plan.layout(n.node_id).ranks}
+
+
 def sync_groups(graph: TaskGraph, plan: PlanView) -> list[SyncGroup]:
-    """One group per agent whose rollout runs on ranks without its actor (plan order)."""
+    """One group per (agent, model) used on ranks that do not train it, in a fixed order."""
     groups = []
     for agent in graph.agent_groups():
         nodes = [n for n in graph.nodes if n.agent_group == agent]
-        trainers = {r for n in nodes if n.node_role == NodeRole.ACTOR
-                    and n.node_type == NodeType.MODEL_TRAIN and not n.only_forward_compute
-                    for r in plan.layout(n.node_id).ranks}
-        rollouts = {r for n in nodes if n.node_role == NodeRole.ROLLOUT
-                    for r in plan.layout(n.node_id).ranks}
-        receivers = sorted(rollouts - trainers)
-        if trainers and receivers:
-            source = min(trainers)
-            groups.append(SyncGroup(agent, source, (source, *receivers)))
+        for role, users in _USERS.items():
+            trainers = trainer_ranks(graph, plan, agent, role)
+            holders = {r for n in nodes if n.node_role in users
+                       for r in plan.layout(n.node_id).ranks}
+            receivers = sorted(holders - trainers)
+            if trainers and receivers:
+                source = min(trainers)
+                groups.append(SyncGroup(agent, role, source, (source, *receivers)))
     return groups
 
 

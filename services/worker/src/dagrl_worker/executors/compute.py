@@ -24,6 +24,8 @@ class RewardExecutor:
     """Rule-based (by `data_source`) or custom scoring of each decoded response.
 
     Adds `token_level_scores` [B, R]: the score on the last response token, 0 elsewhere.
+    A batch that already carries `token_level_scores` — a multi-turn rollout puts its
+    environment's episode rewards there — keeps them: the node then only reports them.
     """
 
     def __init__(self, tokenizer: Any, score_fn: ScoreFn = compute_score) -> None:
@@ -31,6 +33,9 @@ class RewardExecutor:
         self.score_fn = score_fn
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
+        if "token_level_scores" in batch:  # scored by the rollout's environment
+            _report_scores(ctx, batch.tensors["token_level_scores"].sum(dim=1), len(batch))
+            return batch
         mask = batch.tensors["response_mask"]  # [B, R]
         texts = self.tokenizer.batch_decode(
             [row[m.bool()].tolist() for row, m in zip(batch.tensors["responses"], mask,
@@ -43,9 +48,7 @@ class RewardExecutor:
         has_tokens = lengths > 0
         rows = torch.arange(len(batch))[has_tokens]
         token_scores[rows, (lengths[has_tokens] - 1)] = scores[has_tokens]
-        ctx.sink.add("critic/score/mean", float(scores.mean()), Reduce.MEAN, weight=len(batch))
-        ctx.sink.add("critic/score/max", float(scores.max()), Reduce.MAX)
-        ctx.sink.add("critic/score/min", float(scores.min()), Reduce.MIN)
+        _report_scores(ctx, scores, len(batch))
         return batch.with_fields(tensors={"token_level_scores": token_scores})
 
     def _score(self, batch: Batch, row: int, text: str) -> float:
@@ -57,6 +60,14 @@ class RewardExecutor:
             raise RewardError(f"reward function returned {value!r} for sample "
                               f"{batch.uids[row]!r}; it must return a finite number")
         return float(value)
+
+
+def _report_scores(ctx: StepContext, scores: torch.Tensor, rows: int) -> None:
+    if rows == 0:
+        return
+    ctx.sink.add("critic/score/mean", float(scores.mean()), Reduce.MEAN, weight=rows)
+    ctx.sink.add("critic/score/max", float(scores.max()), Reduce.MAX)
+    ctx.sink.add("critic/score/min", float(scores.min()), Reduce.MIN)
 
 
 class AdvantageExecutor:

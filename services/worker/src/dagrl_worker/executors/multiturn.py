@@ -1,0 +1,70 @@
+"""The executor of a ROLLOUT node with `agent_options.env`: multi-turn episodes.
+
+Same input and output layout as `RolloutExecutor` (n samples per prompt, the single-turn
+columns), plus `num_turns` and `token_level_scores` (the env's episode reward), which the
+REWARD node keeps (see `RewardExecutor`). The loop itself is `rollout/multiturn.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from dagrl import telemetry
+from dagrl.batch import Batch
+from dagrl.envs import AgentOptions, Environment
+from dagrl_worker.executors.base import StepContext
+from dagrl_worker.executors.models import train_sampling
+from dagrl_worker.metrics import Reduce
+from dagrl_worker.rollout import RolloutBackend
+from dagrl_worker.rollout.multiturn import (
+    TurnLimits,
+    backend_generate_fn,
+    episodes_to_batch,
+    run_episodes,
+)
+from dagrl_worker.rollout.processing import TurnProcessor
+
+
+class MultiTurnRolloutExecutor:
+    def __init__(self, backend: RolloutBackend, tokenizer: PreTrainedTokenizerBase,
+                 options: AgentOptions, make_env: Callable[[], Environment]) -> None:
+        self.backend = backend
+        self.pad_token_id = int(tokenizer.pad_token_id)
+        self.options = options
+        self.make_env = make_env
+        self.processor = TurnProcessor(tokenizer, options)
+
+    def run(self, batch: Batch, ctx: StepContext) -> Batch:
+        params = train_sampling(ctx.config)
+        width = ctx.config.data.max_response_length
+        limits = TurnLimits(self.options.max_assistant_turns,
+                            self.options.max_response_tokens_per_turn or width, width)
+        samples = batch.repeat_interleave(params.n)
+        rows = [{name: values[i] for name, values in samples.columns.items()}
+                for i in range(len(samples))]
+        prompts = [ids[m.bool()].tolist() for ids, m in zip(
+            samples.tensors["prompt_ids"], samples.tensors["prompt_mask"], strict=True)]
+        generate = backend_generate_fn(self.backend, self.pad_token_id, params)
+        with telemetry.phase_span(telemetry.SPAN_ROLLOUT_GENERATE) as span, ctx.sink.compute():
+            episodes = asyncio.run(run_episodes(rows, prompts, self.make_env, self.processor,
+                                                generate, limits))
+            out = episodes_to_batch(samples, episodes, self.pad_token_id, width)
+            policy_tokens = out.tensors["response_mask"].sum(dim=1).float()  # [B]
+            span.set_batch_size(len(out))
+            span.add_tokens(int(policy_tokens.sum()))
+        if episodes:
+            self._add_metrics(ctx, [e.num_turns for e in episodes], policy_tokens)
+        return out
+
+    @staticmethod
+    def _add_metrics(ctx: StepContext, turns: list[int], policy_tokens: torch.Tensor) -> None:
+        ctx.sink.add("num_turns/mean", sum(turns) / len(turns), Reduce.MEAN, weight=len(turns))
+        ctx.sink.add("num_turns/max", float(max(turns)), Reduce.MAX)
+        ctx.sink.add("response_length/mean", float(policy_tokens.mean()), Reduce.MEAN,
+                     weight=len(turns))
+        ctx.sink.add("response_length/max", float(policy_tokens.max()), Reduce.MAX)
+        ctx.sink.add("tokens/generated", float(policy_tokens.sum()), Reduce.SUM)

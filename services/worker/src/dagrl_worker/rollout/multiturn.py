@@ -1,0 +1,214 @@
+"""The multi-turn rollout loop: every sample plays its own episode, concurrently.
+
+Each sample is one asyncio task: generate → env step → post/pre-process → generate ... until
+the env says done, `max_assistant_turns` is reached or the response budget
+(`data.max_response_length` tokens for the whole continuation) is spent. Generation is
+shared: `TurnBatcher` collects the requests of every sample that is ready at a scheduling
+tick and serves them with one backend call (in a thread, so env steps — tool calls,
+sandboxes — keep running meanwhile). A sample whose env answers late joins a later call; it
+never holds the others back. `lockstep=True` is the turn-synchronous baseline (each call
+waits until every live sample asks), used by `bench/multiturn.py`.
+
+`episodes_to_batch` lays the episodes out exactly like a single-turn rollout
+(`rollout/base.py`): `responses` is the whole continuation after the prompt, with
+`response_mask` 1 only on the policy's tokens (template and env tokens are 0), plus
+`token_level_scores` (the episode reward on the last policy token) and `num_turns`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+import torch
+
+from dagrl.batch import Batch
+from dagrl.envs import Environment, Trajectory, episode_reward
+from dagrl_worker.prompts import prompts_to_batch
+from dagrl_worker.rollout.base import RolloutBackend, SamplingParams, position_ids_from_mask
+from dagrl_worker.rollout.processing import TurnProcessor
+
+
+class GenerateFn(Protocol):
+    """Continue each context by at most `max_new_tokens` (EOS included, padding excluded)."""
+
+    def __call__(self, contexts: list[list[int]], max_new_tokens: int) -> list[list[int]]: ...
+
+
+def backend_generate_fn(backend: RolloutBackend, pad_token_id: int,
+                        params: SamplingParams) -> GenerateFn:
+    """A GenerateFn over any rollout backend (one sample per context)."""
+    def generate(contexts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        rows: dict[str, list[Any]] = {"prompt_ids": list(contexts),
+                                      "index": list(range(len(contexts)))}
+        prompts = prompts_to_batch(rows, pad_token_id, "turn")
+        out = backend.generate(prompts, replace(params, n=1, max_new_tokens=max_new_tokens))
+        responses, mask = out.tensors["responses"], out.tensors["response_mask"]  # [B, R]
+        return [row[m.bool()].tolist() for row, m in zip(responses, mask, strict=True)]
+    return generate
+
+
+@dataclass(frozen=True)
+class TurnLimits:
+    max_assistant_turns: int
+    max_tokens_per_turn: int
+    max_response_tokens: int  # R: the whole continuation after the prompt
+
+
+@dataclass
+class Episode:
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)  # policy, template and env tokens
+    response_mask: list[int] = field(default_factory=list)  # 1 on policy tokens
+    num_turns: int = 0
+    reward: float = 0.0
+
+
+class TurnBatcher:
+    """Serves the generation requests of concurrent episodes in shared backend calls."""
+
+    def __init__(self, generate: GenerateFn, live: int, lockstep: bool = False) -> None:
+        self._generate = generate
+        self._live = live  # episodes not finished yet
+        self._lockstep = lockstep
+        self._pending: list[tuple[list[int], int, asyncio.Future[list[int]]]] = []
+        self._wakeup = asyncio.Event()
+        self.batch_sizes: list[int] = []
+
+    async def generate(self, context: list[int], max_new_tokens: int) -> list[int]:
+        future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+        self._pending.append((context, max_new_tokens, future))
+        self._wakeup.set()
+        return await future
+
+    def finish(self) -> None:
+        """An episode ended: lockstep calls stop waiting for it."""
+        self._live -= 1
+        self._wakeup.set()
+
+    async def serve(self) -> None:
+        """Until cancelled: each tick, one backend call for every request pending."""
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            if not self._pending or (self._lockstep and len(self._pending) < self._live):
+                continue
+            if not self._lockstep:
+                await self._settle()
+            requests, self._pending = self._pending, []
+            self.batch_sizes.append(len(requests))
+            width = max(limit for _, limit, _ in requests)
+            try:
+                outputs = await asyncio.to_thread(self._generate, [c for c, _, _ in requests],
+                                                  width)
+                for (_, limit, future), tokens in zip(requests, outputs, strict=True):
+                    future.set_result(tokens[:limit])
+            except Exception as exc:  # every waiting episode fails with the backend's error
+                for _, _, future in requests:
+                    if not future.done():
+                        future.set_exception(exc)
+
+    async def _settle(self) -> None:
+        """Let every episode that is ready right now add its request before the call."""
+        seen = -1
+        while seen != len(self._pending):
+            seen = len(self._pending)
+            await asyncio.sleep(0)
+
+
+async def run_episode(sample: dict[str, Any], prompt_ids: list[int], env: Environment,
+                      processor: TurnProcessor, batcher: TurnBatcher,
+                      limits: TurnLimits) -> Episode:
+    """One sample's episode (see the module docstring)."""
+    episode = Episode(prompt_ids=list(prompt_ids))
+    trajectory = Trajectory(sample=sample)
+    try:
+        observation = await env.reset(sample)
+        if observation:
+            _append(episode, processor.before_turn(_context(episode), observation), 0, limits)
+        while _budget(episode, limits) > 0:
+            turn_limit = min(limits.max_tokens_per_turn, _budget(episode, limits))
+            response = await batcher.generate(_context(episode), turn_limit)
+            _append(episode, response, 1, limits)
+            episode.num_turns += 1
+            action = processor.decode(response)
+            result = await env.step(action, str(sample.get("ground_truth", "")))
+            trajectory.actions.append(action)
+            trajectory.results.append(result)
+            if result.done or episode.num_turns >= limits.max_assistant_turns:
+                break
+            context = _context(episode)
+            before = context[:len(context) - len(response)]
+            _append(episode, processor.after_response(before, response), 0, limits)
+            _append(episode, processor.before_turn(_context(episode), result.observation), 0,
+                    limits)
+    finally:
+        batcher.finish()
+    episode.reward = episode_reward(env, trajectory)
+    return episode
+
+
+def _context(episode: Episode) -> list[int]:
+    return episode.prompt_ids + episode.response_ids
+
+
+def _budget(episode: Episode, limits: TurnLimits) -> int:
+    return limits.max_response_tokens - len(episode.response_ids)
+
+
+def _append(episode: Episode, tokens: list[int], is_policy: int, limits: TurnLimits) -> None:
+    """Tokens past the response budget are dropped (the episode then ends: no budget)."""
+    kept = tokens[:max(_budget(episode, limits), 0)]
+    episode.response_ids.extend(kept)
+    episode.response_mask.extend([is_policy] * len(kept))
+
+
+async def run_episodes(samples: list[dict[str, Any]], prompts: list[list[int]],
+                       make_env: Callable[[], Environment], processor: TurnProcessor,
+                       generate: GenerateFn, limits: TurnLimits,
+                       lockstep: bool = False) -> list[Episode]:
+    """Every sample's episode, concurrently; results in the samples' order."""
+    batcher = TurnBatcher(generate, live=len(samples), lockstep=lockstep)
+    server = asyncio.create_task(batcher.serve())
+    try:
+        return list(await asyncio.gather(*(
+            run_episode(sample, ids, make_env(), processor, batcher, limits)
+            for sample, ids in zip(samples, prompts, strict=True))))
+    finally:
+        server.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await server
+
+
+def episodes_to_batch(samples: Batch, episodes: list[Episode], pad_token_id: int,
+                      width: int) -> Batch:
+    """The single-turn rollout layout (module docstring) for `samples`' rows, R = `width`."""
+    rows = len(episodes)
+    responses = torch.full((rows, width), pad_token_id, dtype=torch.long)  # [B, R]
+    response_mask = torch.zeros((rows, width), dtype=torch.long)  # [B, R]
+    is_real = torch.zeros((rows, width), dtype=torch.long)  # [B, R]
+    scores = torch.zeros((rows, width), dtype=torch.float32)  # [B, R]
+    for i, episode in enumerate(episodes):
+        length = len(episode.response_ids)
+        responses[i, :length] = torch.tensor(episode.response_ids, dtype=torch.long)
+        response_mask[i, :length] = torch.tensor(episode.response_mask, dtype=torch.long)
+        is_real[i, :length] = 1
+        policy_positions = response_mask[i].nonzero()
+        if len(policy_positions):
+            scores[i, int(policy_positions[-1])] = episode.reward
+    prompt_ids = samples.tensors["prompt_ids"]  # [B, P]
+    attention_mask = torch.cat([samples.tensors["prompt_mask"], is_real], dim=1)  # [B, P+R]
+    return samples.without_fields(["prompt_ids", "prompt_mask"]).with_fields(
+        tensors={
+            "prompts": prompt_ids,
+            "responses": responses,
+            "response_mask": response_mask,
+            "input_ids": torch.cat([prompt_ids, responses], dim=1),
+            "attention_mask": attention_mask,
+            "position_ids": position_ids_from_mask(attention_mask),
+            "token_level_scores": scores,
+        },
+        columns={"num_turns": [e.num_turns for e in episodes]})
