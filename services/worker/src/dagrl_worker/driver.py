@@ -28,11 +28,13 @@ from typing import Any
 
 import ray
 import redis
+import yaml
 from ray.exceptions import RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from dagrl import telemetry
+from dagrl.config import to_dict
 from dagrl.jobs import JobState, JobStore
 from dagrl_worker.actors import DAGWorkerActor
 from dagrl_worker.metrics import COMPUTE_SECONDS, merge
@@ -250,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     store = JobStore(redis.Redis.from_url(args.redis_url))
     try:
         spec = spec_from_store(store, args.job_id, args.redis_url)
+        log.info("job %s config:\n%s", args.job_id,
+                 yaml.safe_dump(to_dict(spec.job_config()), sort_keys=False))
         # "local": a new private Ray, never a cluster some other process left running
         ray.init(address=args.ray_address or "local", log_to_driver=False,
                  num_cpus=None if args.ray_address else max(4, spec.plan_view().world_size + 2))
