@@ -1,4 +1,4 @@
-"""Multi-turn rollouts: processing and masks, the concurrent loop, the executor, a DAGWorker step."""
+"""Multi-turn rollouts: processing and masks, the concurrent loop, the builder, a DAGWorker step."""
 
 import asyncio
 import time
@@ -78,7 +78,7 @@ def play(batch: Batch, generate, limits: TurnLimits, env_latency_s: float = 0.0,
     processor = TurnProcessor(TOKENIZER, options or agent_options("r", {"env": "math"}))
     rows = [{k: v[i] for k, v in batch.columns.items()} for i in range(len(batch))]
     prompts = [row[m.bool()].tolist() for row, m in zip(batch.tensors["prompt_ids"],
-                                                         batch.tensors["prompt_mask"])]
+                                                         batch.tensors["prompt_mask"], strict=True)]
     episodes = asyncio.run(run_episodes(rows, prompts, lambda: ScriptedEnv(env_latency_s),
                                         processor, generate, limits, lockstep=lockstep))
     return episodes, episodes_to_batch(batch, episodes, TOKENIZER.pad_token_id,
@@ -87,7 +87,7 @@ def play(batch: Batch, generate, limits: TurnLimits, env_latency_s: float = 0.0,
 
 def test_templates_and_masks_on_a_concrete_sequence() -> None:
     generate, _ = fixed_generate("ab<|im_end|>")
-    episodes, out = play(samples_batch([2]), generate, TurnLimits(3, 8, 64))
+    _, out = play(samples_batch([2]), generate, TurnLimits(3, 8, 64))
     expected = ("ab<|im_end|>" "\n" "<|im_start|>user\nobs1<|im_end|>\n<|im_start|>assistant\n"
                 "ab<|im_end|>")
     length = len(ids(expected))
@@ -180,7 +180,7 @@ def test_builder_validates_and_refuses_env_interact() -> None:
         build_executor(node(agent_options={"env": "math", "turns": 3}), models, None, 1, None)
     with pytest.raises(ConfigError, match="but no env"):
         build_executor(node(agent_options={"max_assistant_turns": 3}), models, None, 1, None)
-    with pytest.raises(UnsupportedNodeError, match="agent_options.env"):
+    with pytest.raises(UnsupportedNodeError, match=r"agent_options\.env"):
         build_executor(Node("env", NodeType.ENV_INTERACT), models, None, 1, None)
     executor = build_executor(node(agent_options={"env": "calculator"}), models, None, 1, None)
     assert type(executor).__name__ == "MultiTurnRolloutExecutor"
@@ -211,7 +211,8 @@ nodes:
                      max_response_tokens_per_turn: 4}}
   - {node_id: reward, node_type: COMPUTE, node_role: REWARD, dependencies: [rollout]}
   - {node_id: advantage, node_type: COMPUTE, node_role: ADVANTAGE, dependencies: [reward]}
-  - {node_id: old_log_prob, node_type: MODEL_TRAIN, node_role: ACTOR, only_forward_compute: true, dependencies: [advantage]}
+  - {node_id: old_log_prob, node_type: MODEL_TRAIN, node_role: ACTOR, only_forward_compute: true,
+     dependencies: [advantage]}
   - {node_id: actor_train, node_type: MODEL_TRAIN, node_role: ACTOR, dependencies: [old_log_prob]}
 """
 
