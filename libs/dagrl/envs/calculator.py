@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from dagrl.envs.base import StepResult
+from dagrl.errors import InvalidInputError
 from dagrl.rewards import numeric_match
 
 TOOL_CALL = re.compile(r"<tool>(.*?)</tool>", re.DOTALL)
@@ -34,7 +35,7 @@ _BINARY: dict[type, Callable[[Any, Any], Any]] = {
 _UNARY: dict[type, Callable[[Any], Any]] = {ast.USub: operator.neg, ast.UAdd: operator.pos}
 
 
-class CalculatorError(ValueError):
+class CalculatorError(InvalidInputError):
     """An expression the calculator refuses or cannot evaluate (the agent sees the message)."""
 
 

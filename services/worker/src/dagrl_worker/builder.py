@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 from dagrl.batch import Batch
 from dagrl.config import JobConfig, node_config
 from dagrl.envs import agent_options, env_factory
-from dagrl.errors import ConfigError
+from dagrl.errors import ConfigError, InvalidInputError
 from dagrl.models import load_tokenizer
 from dagrl.refs import resolve_ref
 from dagrl.rewards import compute_score
@@ -49,7 +49,7 @@ from dagrl_worker.training.engine import TrainEngine
 from dagrl_worker.training.parallel import DataParallel
 
 
-class UnsupportedNodeError(ValueError):
+class UnsupportedNodeError(InvalidInputError):
     """A node this worker version cannot execute (named, with what to use instead)."""
 
 

@@ -23,6 +23,7 @@ from transformers import PreTrainedTokenizerBase
 
 from dagrl.envs import AgentOptions
 from dagrl.envs.options import PROMPT_PLACEHOLDER
+from dagrl.errors import InvalidInputError
 from dagrl.refs import resolve_ref
 
 PreProcess = Callable[..., list[int]]
@@ -50,7 +51,7 @@ def encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
 
 
-class ProcessingError(ValueError):
+class ProcessingError(InvalidInputError):
     """A pre/post-processing hook changed the context instead of appending to it."""
 
 
