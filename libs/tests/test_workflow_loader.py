@@ -380,3 +380,18 @@ def test_executable_ref_in_a_mapping_resolves_against_base_dir(tmp_path: Path) -
     assert load_workflow({"dag_id": "m", "nodes": [module_ref]})["calc"].executable_ref == (
         "json:dumps"
     )
+
+
+def test_refs_can_be_checked_without_importing_them(tmp_path: Path) -> None:
+    marker = tmp_path / "imported"
+    hook = f"open({str(marker)!r}, 'w').close()\ndef f(b, c): return b\n"
+    (tmp_path / "hook.py").write_text(hook)
+    text = ("dag_id: d\nnodes:\n  - {node_id: c, node_type: CUSTOM, "
+            f"executable_ref: '{tmp_path}/hook.py:f'}}\n")
+    graph = parse_workflow(text, source="d.yaml", resolve_refs=False)
+    assert graph["c"].executable_ref == f"{tmp_path}/hook.py:f"
+    assert not marker.exists()
+    with pytest.raises(WorkflowError, match="executable_ref"):
+        parse_workflow(text.replace(":f'", "'"), source="d.yaml", resolve_refs=False)
+    parse_workflow(text, source="d.yaml")
+    assert marker.exists()

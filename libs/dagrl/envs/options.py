@@ -17,6 +17,7 @@ from dagrl.config.typed import build, option
 CHATML_PRE_TEMPLATE = "${prompt}<|im_start|>user\n${observation}<|im_end|>\n<|im_start|>assistant\n"
 CHATML_POST_TEMPLATE = "\n"
 PROMPT_PLACEHOLDER = "${prompt}"
+CHAIN_PREFIX = "${prompt}${response}"
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,10 @@ class AgentOptions:
     post_process: str | None = option(None, "`module:function` replacing post_chat_template: "
                                             "(tokenizer, prompt_ids, response_ids, **options) "
                                             "-> prompt_ids")
+    chain_template: str | None = option(
+        None, "set: this rollout reads its parent ROLLOUT node's samples (multi-agent chain) "
+              "and prompts with each one: starts with ${prompt}${response} (that sample's "
+              "prompt and response tokens, kept as they are), then text to append")
 
     def check(self) -> list[str]:
         problems = []
@@ -49,6 +54,14 @@ class AgentOptions:
             problems.append(f"pre_chat_template must start with {PROMPT_PLACEHOLDER} (the "
                             "context so far is kept token for token and the template appends "
                             f"to it), got {self.pre_chat_template!r}")
+        if self.chain_template is not None:
+            if not self.chain_template.startswith(CHAIN_PREFIX):
+                problems.append(f"chain_template must start with {CHAIN_PREFIX} (the parent "
+                                "sample's tokens are kept as they are and the template appends "
+                                f"to them), got {self.chain_template!r}")
+            if self.env is not None:
+                problems.append("chain_template with env is not supported yet: a chained "
+                                "rollout is single-turn; remove one of them")
         return problems
 
     @property

@@ -70,11 +70,17 @@ def load_workflow(
 
 
 def parse_workflow(
-    text: str, *, source: str = "<string>", base_dir: str | os.PathLike[str] | None = None
+    text: str, *, source: str = "<string>", base_dir: str | os.PathLike[str] | None = None,
+    resolve_refs: bool = True,
 ) -> TaskGraph:
-    """Load a workflow from YAML text; `source` names it in error messages."""
+    """Load a workflow from YAML text; `source` names it in error messages.
+
+    With `resolve_refs=False` an `executable_ref` is checked for its form only, never
+    imported: a service validating a request (the scheduler) must not run code it names.
+    """
     data, lines = parse_yaml(text, source)
-    return build_workflow(data, source=source, base_dir=base_dir, lines=lines)
+    return build_workflow(data, source=source, base_dir=base_dir, lines=lines,
+                          resolve_refs=resolve_refs)
 
 
 def build_workflow(
@@ -83,6 +89,7 @@ def build_workflow(
     source: str,
     base_dir: str | os.PathLike[str] | None = None,
     lines: SourceLines | None = None,
+    resolve_refs: bool = True,
 ) -> TaskGraph:
     """Validate parsed workflow data and build the graph, or raise every problem at once."""
     collector = _Problems(source)
@@ -95,7 +102,8 @@ def build_workflow(
         )
     dag_id, description, entries = _check_top_level(data, collector, lines.top)
     nodes = [
-        _build_node(entry, i, collector, lines.node(i), base_dir) for i, entry in enumerate(entries)
+        _build_node(entry, i, collector, lines.node(i), base_dir, resolve_refs)
+        for i, entry in enumerate(entries)
     ]
     _check_ids(entries, collector, lines)
     collector.raise_if_any()
@@ -164,6 +172,7 @@ def _build_node(
     problems: _Problems,
     lines: MappingLines,
     base_dir: str | os.PathLike[str] | None,
+    resolve_refs: bool = True,
 ) -> Node | None:
     if not isinstance(entry, Mapping):
         problems.add(
@@ -195,7 +204,8 @@ def _build_node(
             problems.add(where, message, lines.of())
     ref = values.get("executable_ref")
     if isinstance(ref, str):
-        values["executable_ref"] = _check_ref(ref, where, problems, lines, base_dir)
+        values["executable_ref"] = _check_ref(ref, where, problems, lines, base_dir,
+                                              resolve_refs)
     if len(problems.lines) > before:
         return None
     return Node(**values)
@@ -235,10 +245,13 @@ def _check_ref(
     problems: _Problems,
     lines: MappingLines,
     base_dir: str | os.PathLike[str] | None,
+    resolve_refs: bool = True,
 ) -> str:
-    """Resolve `ref` now so a typo fails at load; file refs come back as absolute paths."""
+    """Resolve `ref` now so a typo fails at load (only its form when not `resolve_refs`);
+    file refs come back as absolute paths."""
     try:
-        resolve_ref(ref, kind="callable", base_dir=base_dir)
+        if resolve_refs:
+            resolve_ref(ref, kind="callable", base_dir=base_dir)
         parsed = parse_ref(ref)
     except RefResolutionError as exc:
         problems.add(

@@ -47,7 +47,10 @@ def load_graph(spec: scheduler_pb2.JobSpec, config: JobConfig) -> tuple[TaskGrap
     if spec.workflow_yaml.strip():
         source = spec.workflow_source or "<workflow>"
         base_dir = spec.workflow_base_dir or None
-        return parse_workflow(spec.workflow_yaml, source=source, base_dir=base_dir), source
+        # refs are checked for form only: validating a request must not import its code
+        graph = parse_workflow(spec.workflow_yaml, source=source, base_dir=base_dir,
+                               resolve_refs=False)
+        return graph, source
     name = config.workflow.source
     if name in list_builtin_workflows():
         return load_workflow(name), f"{name}.yaml"
