@@ -6,9 +6,11 @@ import pytest
 import torch
 import yaml
 
+from dagrl.batch import Batch
 from dagrl.data import make_dataset
 from dagrl.workflow import load_workflow
 from dagrl_worker.dag_worker import DAGWorker
+from dagrl_worker.executors.base import Executor, StepContext
 from dagrl_worker.plan_view import colocated_plan
 from dagrl_worker.spec import WorkerSpec
 
@@ -44,8 +46,8 @@ def make_worker(tiny_checkpoint: Path, tmp_path: Path, workflow: str = "grpo",
     return DAGWorker(spec, rank=0)
 
 
-def actor_params(worker: DAGWorker) -> list[torch.Tensor]:
-    return [p.detach().clone() for p in worker.models[0].actor.inner.parameters()]
+def actor_params(worker: DAGWorker, agent: int = 0) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in worker.models[agent].actor.inner.parameters()]
 
 
 @pytest.mark.parametrize("workflow", ["grpo", "ppo", "dapo", "rloo", "reinforce_pp"])
@@ -95,3 +97,53 @@ def test_resume_continues_exactly(tiny_checkpoint: Path, tmp_path: Path) -> None
         resumed.run_step(step)
     for a, b in zip(expected, actor_params(resumed), strict=True):
         assert torch.max(torch.abs(a - b)) <= 1e-6
+
+
+class Recorder:
+    """Wraps a node's executor and keeps the Batch it returned last."""
+
+    def __init__(self, inner: Executor) -> None:
+        self.inner = inner
+        self.output: Batch | None = None
+
+    def run(self, batch: Batch, ctx: StepContext) -> Batch:
+        self.output = self.inner.run(batch, ctx)
+        return self.output
+
+
+def test_two_agent_chain_trains_both_agents(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    worker = make_worker(tiny_checkpoint, tmp_path, "two_agent")
+    worker.init_graph()
+    assert worker.models[0].actor is not worker.models[1].actor
+    recorders = {node: Recorder(worker.executors[node])
+                 for node in ("agent0_rollout", "agent1_rollout", "agent0_advantage")}
+    worker.executors.update(recorders)
+    before = {agent: actor_params(worker, agent) for agent in (0, 1)}
+    summary = worker.run_step(1)
+    assert "actor/pg_loss" in summary
+    for agent in (0, 1):
+        after = actor_params(worker, agent)
+        assert any(not torch.equal(a, b) for a, b in zip(before[agent], after, strict=True))
+
+    first, second = recorders["agent0_rollout"].output, recorders["agent1_rollout"].output
+    assert first is not None and second is not None
+    assert len(second) == 2 * len(first)  # n=2 answers per agent-0 sample
+    parents = {uid: row for row, uid in enumerate(first.uids)}
+    assert set(second.columns["parent_uid"]) == set(parents)
+    assert set(second.uids).isdisjoint(parents)
+    for row, parent_uid in enumerate(second.columns["parent_uid"]):
+        parent = parents[parent_uid]
+        response = first.tensors["responses"][parent][
+            first.tensors["response_mask"][parent].bool()].tolist()
+        width = second.tensors["prompts"].shape[1]
+        prompt = second.tensors["prompts"][row][
+            second.tensors["attention_mask"][row, :width].bool()].tolist()
+        assert response and contains(prompt, response)
+
+    trained0 = recorders["agent0_advantage"].output  # agent 0's own samples, scored
+    assert trained0 is not None and trained0.uids == first.uids
+    assert torch.equal(trained0.tensors["responses"], first.tensors["responses"])
+
+
+def contains(tokens: list[int], part: list[int]) -> bool:
+    return any(tokens[i:i + len(part)] == part for i in range(len(tokens) - len(part) + 1))

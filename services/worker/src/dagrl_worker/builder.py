@@ -5,8 +5,10 @@ engine (its module doubles as the colocated `hf` rollout), the frozen reference,
 critic engine. `build_executor` maps each node to its executor by (type, role) with a
 plain match: every node type the loader accepts either gets an executor here or a clear
 error naming the node. A ROLLOUT node whose `agent_options` name an `env` runs multi-turn
-episodes; ENV_INTERACT nodes are refused with a pointer to that option (the env is stepped
-inside the rollout, where each sample's turns run concurrently).
+episodes; one with `agent_options.chain_template` prompts with its parent ROLLOUT node's
+samples (the next agent of a multi-agent chain, `executors/chain.py`). ENV_INTERACT nodes
+are refused with a pointer to the `env` option (the env is stepped inside the rollout,
+where each sample's turns run concurrently).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dagrl.refs import resolve_ref
 from dagrl.rewards import compute_score
 from dagrl.workflow import Node, NodeRole, NodeType, TaskGraph
 from dagrl_worker.executors.base import AgentModels, Executor, StepContext
+from dagrl_worker.executors.chain import ChainRolloutExecutor
 from dagrl_worker.executors.compute import (
     AdvantageExecutor,
     BarrierExecutor,
@@ -187,11 +190,15 @@ def build_executor(node: Node, models: AgentModels, config: JobConfig, target_gr
 def _rollout_executor(node: Node, models: AgentModels, backend: RolloutBackend) -> Executor:
     """Single-turn, or multi-turn episodes when the node's agent_options name an env."""
     options = agent_options(node.node_id, node.agent_options)
+    if options.chain_template is not None:
+        return ChainRolloutExecutor(node.node_id, node.agent_group, backend, models.tokenizer,
+                                    options.chain_template)
     if not options.is_multi_turn:
         if node.agent_options:
             raise ConfigError(f"node {node.node_id!r} agent_options set "
                               f"{sorted(node.agent_options)} but no env; add env (e.g. "
-                              "'math') for multi-turn rollouts or remove them")
+                              "'math') for multi-turn rollouts, chain_template for the next "
+                              "agent of a chain, or remove them")
         return RolloutExecutor(backend)
     assert options.env is not None
     make_env = env_factory(options.env, options.max_assistant_turns)

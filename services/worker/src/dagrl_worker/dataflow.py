@@ -15,11 +15,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import torch
+
 from dagrl import telemetry
-from dagrl.batch import Batch
+from dagrl.batch import GROUP_ID, UID, Batch
 from dagrl.errors import BatchError
 from dagrl.workflow import NodeRole, NodeType, TaskGraph
 from dagrl_worker.plan_view import PlanView
+
+# The column naming the previous agent's sample that a chained agent's sample answers
+# (set by `executors.chain.ChainRolloutExecutor`, read by `join_by_uid`).
+PARENT_UID = "parent_uid"
 
 
 class ShardStore(Protocol):
@@ -100,9 +106,16 @@ class EdgeRouter:
 
 
 def join_by_uid(parts: list[Batch]) -> Batch:
-    """Fan-in: the union of the parents' fields over the first parent's rows (by uid)."""
+    """Fan-in: the union of the parents' fields over the first parent's rows (by uid).
+
+    A parent whose rows are the first parent's children in a multi-agent chain (a later
+    agent's samples, whose `parent_uid` are the first parent's uids) contributes only their
+    scores, carried back by lineage (`scores_by_lineage`): the shared reward of a chain.
+    """
     joined = parts[0]
     for other in parts[1:]:
+        if PARENT_UID in other and other.uids != joined.uids:
+            other = scores_by_lineage(joined, other)
         if other.uids != joined.uids:
             position = {uid: i for i, uid in enumerate(other.uids)}
             missing = [u for u in joined.uids if u not in position]
@@ -113,6 +126,31 @@ def join_by_uid(parts: list[Batch]) -> Batch:
         shared = set(joined.field_names) & set(other.field_names)
         joined = joined.union(other.without_fields(shared - {"uid", "group_id"}))
     return joined
+
+
+def scores_by_lineage(parents: Batch, children: Batch) -> Batch:
+    """`token_level_scores` [B, R] for the `parents` rows: each sample's score is the mean
+    sequence score of its children (rows whose `parent_uid` is its uid), on its last
+    response token, like `RewardExecutor` puts it."""
+    if "token_level_scores" not in children:
+        raise BatchError("fan-in by lineage: the later agent's samples carry no "
+                         "'token_level_scores'; join after the REWARD node that scores them")
+    totals: dict[str, list[float]] = {}
+    for parent, score in zip(children.columns[PARENT_UID],
+                             children.tensors["token_level_scores"].sum(dim=1).tolist(),
+                             strict=True):
+        totals.setdefault(parent, []).append(score)
+    orphans = [uid for uid in parents.uids if uid not in totals]
+    if orphans:
+        raise BatchError(f"fan-in by lineage: {len(orphans)} samples (e.g. {orphans[0]!r}) "
+                         "have no later-agent sample scored; every sample must be answered")
+    mask = parents.tensors["response_mask"]  # [B, R]
+    scores = torch.zeros(mask.shape, dtype=torch.float32)  # [B, R]
+    last = (mask.sum(dim=1) - 1).clamp(min=0)  # [B]
+    for row, uid in enumerate(parents.uids):
+        scores[row, last[row]] = sum(totals[uid]) / len(totals[uid])
+    return Batch(tensors={"token_level_scores": scores},
+                 columns={UID: list(parents.uids), GROUP_ID: list(parents.group_ids)})
 
 
 def open_shard_store(redis_url: str | None) -> ShardStore | None:
