@@ -49,3 +49,26 @@ def response_mask_until_eos(responses: torch.Tensor, eos_token_id: int) -> torch
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions counting only attended tokens (left padding gets 0). # [B, L]"""
     return (torch.cumsum(attention_mask, dim=1) - 1).clamp(min=0)
+
+
+def rollout_batch(samples: Batch, responses: torch.Tensor, response_mask: torch.Tensor,
+                  response_attention: torch.Tensor,
+                  extra: dict[str, torch.Tensor] | None = None) -> Batch:
+    """The layout every backend returns (module docstring), from the prompt rows `samples`
+    (`prompt_ids`, `prompt_mask` [B, P]) and what was generated after them.
+
+    `response_attention` [B, R] is 1 on every real response token: the policy's, and in a
+    multi-turn rollout also the environment's (which `response_mask` leaves out of the loss).
+    """
+    prompt_ids = samples.tensors["prompt_ids"]  # [B, P]
+    attention_mask = torch.cat([samples.tensors["prompt_mask"], response_attention],
+                               dim=1)  # [B, P+R]
+    return samples.without_fields(["prompt_ids", "prompt_mask"]).with_fields(tensors={
+        "prompts": prompt_ids,
+        "responses": responses,
+        "response_mask": response_mask,
+        "input_ids": torch.cat([prompt_ids, responses], dim=1),
+        "attention_mask": attention_mask,
+        "position_ids": position_ids_from_mask(attention_mask),
+        **(extra or {}),
+    })

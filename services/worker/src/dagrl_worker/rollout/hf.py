@@ -13,8 +13,8 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 from dagrl.batch import Batch
 from dagrl_worker.rollout.base import (
     SamplingParams,
-    position_ids_from_mask,
     response_mask_until_eos,
+    rollout_batch,
 )
 
 
@@ -33,15 +33,7 @@ class HFRollout:
         responses = self._sample(prompt_ids, prompt_mask, params)  # [B, R]
         response_mask = response_mask_until_eos(responses, self.eos_token_id)  # [B, R]
         responses = torch.where(response_mask.bool(), responses, self.pad_token_id)
-        attention_mask = torch.cat([prompt_mask, response_mask], dim=1)  # [B, P+R]
-        return samples.without_fields(["prompt_ids", "prompt_mask"]).with_fields(tensors={
-            "prompts": prompt_ids,
-            "responses": responses,
-            "response_mask": response_mask,
-            "input_ids": torch.cat([prompt_ids, responses], dim=1),
-            "attention_mask": attention_mask,
-            "position_ids": position_ids_from_mask(attention_mask),
-        })
+        return rollout_batch(samples, responses, response_mask, response_mask)
 
     @torch.no_grad()
     def _sample(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,

@@ -28,7 +28,7 @@ import torch
 from dagrl.batch import Batch
 from dagrl.envs import Environment, Trajectory, episode_reward
 from dagrl_worker.prompts import prompts_to_batch
-from dagrl_worker.rollout.base import RolloutBackend, SamplingParams, position_ids_from_mask
+from dagrl_worker.rollout.base import RolloutBackend, SamplingParams, rollout_batch
 from dagrl_worker.rollout.processing import TurnProcessor
 
 
@@ -199,16 +199,6 @@ def episodes_to_batch(samples: Batch, episodes: list[Episode], pad_token_id: int
         policy_positions = response_mask[i].nonzero()
         if len(policy_positions):
             scores[i, int(policy_positions[-1])] = episode.reward
-    prompt_ids = samples.tensors["prompt_ids"]  # [B, P]
-    attention_mask = torch.cat([samples.tensors["prompt_mask"], is_real], dim=1)  # [B, P+R]
-    return samples.without_fields(["prompt_ids", "prompt_mask"]).with_fields(
-        tensors={
-            "prompts": prompt_ids,
-            "responses": responses,
-            "response_mask": response_mask,
-            "input_ids": torch.cat([prompt_ids, responses], dim=1),
-            "attention_mask": attention_mask,
-            "position_ids": position_ids_from_mask(attention_mask),
-            "token_level_scores": scores,
-        },
-        columns={"num_turns": [e.num_turns for e in episodes]})
+    out = rollout_batch(samples, responses, response_mask, is_real,
+                        extra={"token_level_scores": scores})
+    return out.with_fields(columns={"num_turns": [e.num_turns for e in episodes]})
