@@ -120,7 +120,9 @@ def test_two_agent_chain_trains_both_agents(tiny_checkpoint: Path, tmp_path: Pat
     worker.executors.update(recorders)
     before = {agent: actor_params(worker, agent) for agent in (0, 1)}
     summary = worker.run_step(1)
-    assert "actor/pg_loss" in summary
+    # each agent's metrics under its own prefix; job-wide accounting keeps the plain names
+    assert {"agent0/actor/pg_loss", "agent1/actor/pg_loss"} <= set(summary)
+    assert "actor/pg_loss" not in summary and "tokens/generated" in summary
     for agent in (0, 1):
         after = actor_params(worker, agent)
         assert any(not torch.equal(a, b) for a, b in zip(before[agent], after, strict=True))

@@ -16,6 +16,7 @@ its output on. Only small metric summaries are returned to the driver.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -59,6 +60,8 @@ class DAGWorker:
         self.plan = spec.plan_view()
         self.my_nodes = self.plan.nodes_on(rank)
         self.order = [n for n in self.graph.topological_order() if n in self.my_nodes]
+        # agents' metrics get an `agent{g}/` prefix only when there is more than one
+        self.is_multi_agent = len(self.graph.agent_groups()) > 1
         self.groups: dict[str, dist.ProcessGroup | None] = {}
         self.store = store
         self.models: dict[int, AgentModels] = {}
@@ -170,9 +173,16 @@ class DAGWorker:
             node = self.graph[node_id]
             with telemetry.node_span(node_id, deps=node.dependencies) as span:
                 span.set_batch_size(len(batch))
-                output = self.executors[node_id].run(batch, ctx)
+                output = self.executors[node_id].run(batch, self._node_context(ctx, node_id))
             ctx.sink.add(f"timing_s/{node_id}", time.perf_counter() - started, Reduce.MAX)
             self.router.publish(step, node_id, output)
+
+    def _node_context(self, ctx: StepContext, node_id: str) -> StepContext:
+        """`ctx` for one node: in a multi-agent workflow its metrics go under `agent{g}/`."""
+        if not self.is_multi_agent:
+            return ctx
+        agent = self.graph[node_id].agent_group
+        return dataclasses.replace(ctx, sink=ctx.sink.scoped(f"agent{agent}/"))
 
     def _sync_weights(self) -> None:
         """Send updated models to the ranks that use but do not train them (weight_sync)."""

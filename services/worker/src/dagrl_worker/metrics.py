@@ -7,6 +7,11 @@ guesses how to combine a metric from its name.
 
 A rank's summary is a small dict {name: [reducer, value, weight]} — metrics only, never
 batch data: this is all the driver receives from a step.
+
+In a workflow with more than one agent group, each node records through `scoped("agent{g}/")`
+so that two agents' `actor/pg_loss` stay apart (`agent1/actor/pg_loss`); the job-wide
+accounting the driver derives throughput from (`perf/`, `tokens/`) keeps its plain names and
+sums over agents. Single-agent workflows keep the plain (verl) names.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from enum import StrEnum
 # Seconds a rank spends in model compute (generate, forward, backward, optimizer step);
 # the rest of a step is orchestration overhead.
 COMPUTE_SECONDS = "perf/compute_s"
+# Metric families that stay job-wide (unprefixed) in a per-agent scope.
+JOB_WIDE_PREFIXES = ("perf/", "tokens/")
 
 
 class Reduce(StrEnum):
@@ -47,8 +54,20 @@ class MetricSink:
 
     def __init__(self) -> None:
         self._values: Summary = {}
+        self._prefix = ""
+
+    def scoped(self, prefix: str) -> MetricSink:
+        """A view of this sink that records under `prefix` (e.g. "agent1/"), except the
+        job-wide families (`JOB_WIDE_PREFIXES`)."""
+        view = MetricSink()
+        view._values, view._prefix = self._values, self._prefix + prefix
+        return view
+
+    def _name(self, name: str) -> str:
+        return name if name.startswith(JOB_WIDE_PREFIXES) else self._prefix + name
 
     def add(self, name: str, value: float, reduce: Reduce, weight: float = 1.0) -> None:
+        name = self._name(name)
         value, weight = float(value), float(weight)
         if reduce == Reduce.MEAN and weight <= 0:
             return
@@ -74,6 +93,7 @@ class MetricSink:
             self.add(COMPUTE_SECONDS, time.perf_counter() - started, Reduce.SUM)
 
     def value(self, name: str, default: float = 0.0) -> float:
+        name = self._name(name)
         return float(self._values[name][1]) if name in self._values else default
 
     def summary(self) -> Summary:

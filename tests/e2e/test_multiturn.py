@@ -1,0 +1,165 @@
+"""Multi-turn GRPO with the calculator tool env, trained through the real driver on 2 ranks.
+
+The demo's tiny policy only ever answers with digits: it never writes `<tool>...</tool>`
+itself. The test env (`CheckedCalculator`, written to a file the Ray workers import) is the
+built-in `CalculatorToolEnv` whose first turn sends the policy's answer to the calculator as
+a tool call (`<tool>ANSWER+0</tool>`), so every episode goes: answer → `<result>...</result>`
+→ final answer. Each tool call it executes is appended to a log file the test reads.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from dagrl.batch import Batch
+from dagrl.jobs import JobState
+from dagrl.local import LocalRedis
+from dagrl.workflow import load_workflow
+from dagrl_worker import checkpoint
+from dagrl_worker.dag_worker import DAGWorker
+from dagrl_worker.driver import Driver
+from dagrl_worker.executors.base import Executor, StepContext
+from dagrl_worker.plan_view import colocated_plan
+from dagrl_worker.spec import WorkerSpec
+
+from .conftest import job_config
+
+pytestmark = pytest.mark.e2e
+RANKS = 2
+STEPS = 3
+
+CHECKED_CALCULATOR = '''
+import dataclasses
+import re
+
+from dagrl.envs import CalculatorToolEnv
+from dagrl.rewards import numeric_match
+
+CALLS_LOG = {log!r}
+
+
+class CheckedCalculator(CalculatorToolEnv):
+    """The calculator env; the first answer is checked with the tool before the final one
+    (and earns a point when right, so that GRPO has a signal from the tiny policy)."""
+
+    def __init__(self):
+        super().__init__(max_turns=3)
+
+    async def step(self, action, ground_truth):
+        if self.turns > 0 or "<tool>" in action:
+            return self.logged(await super().step(action, ground_truth))
+        digits = re.sub(r"[^0-9]", "", action)[:6] or "0"
+        result = await super().step(f"<tool>{{int(digits)}}+0</tool>", ground_truth)
+        reward = float(numeric_match(action, ground_truth))
+        return self.logged(dataclasses.replace(result, reward=reward))
+
+    @staticmethod
+    def logged(result):
+        if "tool_call" in result.info:
+            with open(CALLS_LOG, "a") as log:
+                log.write(f"{{result.info['tool_call']}}\\t{{result.observation}}\\n")
+        return result
+'''
+
+WORKFLOW = """
+dag_id: multiturn_calculator
+nodes:
+  - {node_id: rollout, node_type: MODEL_INFERENCE, node_role: ROLLOUT,
+     agent_options: {env: "ENV_REF", max_assistant_turns: 3, max_response_tokens_per_turn: 4}}
+  - {node_id: reward, node_type: COMPUTE, node_role: REWARD, dependencies: [rollout]}
+  - {node_id: advantage, node_type: COMPUTE, node_role: ADVANTAGE, dependencies: [reward]}
+  - {node_id: old_log_prob, node_type: MODEL_TRAIN, node_role: ACTOR, only_forward_compute: true,
+     dependencies: [advantage]}
+  - {node_id: actor_train, node_type: MODEL_TRAIN, node_role: ACTOR, dependencies: [old_log_prob]}
+"""
+
+
+def calculator_job(assets: Path, tmp_path: Path, steps: int) -> tuple[dict, Path]:
+    """The multi-turn example on `assets` with the checked calculator; returns (config, log)."""
+    log = tmp_path / "tool_calls.tsv"
+    env_file = tmp_path / "checked_calculator.py"
+    env_file.write_text(CHECKED_CALCULATOR.format(log=str(log)))
+    workflow = tmp_path / "workflow.yaml"
+    workflow.write_text(WORKFLOW.replace("ENV_REF", f"{env_file}:CheckedCalculator"))
+    config = job_config(
+        assets, "multiturn_math",
+        data={"train_batch_size": 8, "max_response_length": 48},
+        actor_rollout_ref={"rollout.n": 4, "actor.ppo_mini_batch_size": 8},
+        trainer={"total_training_steps": steps, "save_freq": steps, "logger": ["console"],
+                 "default_local_dir": str(tmp_path)},
+        workflow={"source": str(workflow)})
+    return config, log
+
+
+def test_calculator_episodes_train_on_two_ranks(ray_session: None, assets: Path,
+                                                redis_server: LocalRedis,
+                                                tmp_path: Path) -> None:
+    config, log = calculator_job(assets, tmp_path, STEPS)
+    plan = colocated_plan(load_workflow(config["workflow"]["source"]), world_size=RANKS)
+    spec = WorkerSpec(job_id=f"e2e-{tmp_path.name}", config_yaml=yaml.safe_dump(config),
+                      workflow_yaml="", overrides=(), plan=plan.SerializeToString(),
+                      redis_url=redis_server.url, checkpoint_dir=str(tmp_path / "ckpt"))
+    outcome = Driver(spec).run()
+    assert outcome.state == JobState.SUCCEEDED, outcome.reason
+    # every episode called the tool, which really evaluated the expression
+    calls = [line.split("\t") for line in log.read_text().splitlines()]
+    assert len(calls) >= STEPS * 8 * 4
+    for expression, observation in calls:
+        answer = int(expression.removesuffix("+0"))
+        assert observation == f"<result>{answer}</result>", (expression, observation)
+    turns = [m["num_turns/max"] for m in outcome.history if "num_turns/max" in m]
+    assert len(turns) == STEPS and max(turns) > 1
+    losses = [m["actor/pg_loss"] for m in outcome.history if "actor/pg_loss" in m]
+    assert len(losses) == STEPS and all(math.isfinite(x) for x in losses)
+    saved = load_file(str(checkpoint.step_dir(tmp_path / "ckpt", STEPS) / "agent0" / "actor"
+                          / "model.safetensors"))
+    initial = load_file(str(assets / "model" / "model.safetensors"))
+    assert any(not torch.equal(saved[name], initial[name]) for name in initial if name in saved)
+
+
+class Capture:
+    """Wraps the rollout executor and keeps what it returned."""
+
+    def __init__(self, inner: Executor) -> None:
+        self.inner = inner
+        self.outputs: list[Batch] = []
+
+    def run(self, batch: Batch, ctx: StepContext) -> Batch:
+        self.outputs.append(self.inner.run(batch, ctx))
+        return self.outputs[-1]
+
+
+def test_env_tokens_are_masked_out_of_the_loss(assets: Path, tmp_path: Path) -> None:
+    """One rollout on one rank, in-process: only the policy's own tokens have response_mask 1."""
+    config, log = calculator_job(assets, tmp_path, 1)
+    plan = colocated_plan(load_workflow(config["workflow"]["source"]), world_size=1)
+    spec = WorkerSpec(job_id="mask", config_yaml=yaml.safe_dump(config), workflow_yaml="",
+                      overrides=(), plan=plan.SerializeToString(), redis_url=None,
+                      checkpoint_dir=str(tmp_path / "ckpt"))
+    worker = DAGWorker(spec, rank=0)
+    worker.init_graph()
+    tokenizer = worker.models[0].tokenizer
+    capture = Capture(worker.executors["rollout"])
+    worker.executors["rollout"] = capture
+    worker.run_step(1)
+    batch = capture.outputs[0]
+    results = [obs for _expr, obs in (line.split("\t") for line in log.read_text().splitlines())]
+    width = batch.tensors["prompts"].shape[1]
+    seen = 0
+    for row in range(len(batch)):
+        responses = batch.tensors["responses"][row]
+        mask = batch.tensors["response_mask"][row].bool()
+        attended = batch.tensors["attention_mask"][row, width:].bool()
+        policy = tokenizer.decode(responses[mask])
+        appended = tokenizer.decode(responses[attended & ~mask])
+        assert "<result>" not in policy and "<|im_start|>user" not in policy, policy
+        if batch.columns["num_turns"][row] > 1:
+            assert "<result>" in appended and "<|im_start|>user" in appended, appended
+            seen += 1
+    assert seen > 0 and len(results) >= seen
