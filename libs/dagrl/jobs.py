@@ -234,15 +234,6 @@ class JobStore:
     def is_cancel_requested(self, job_id: str) -> bool:
         return self._redis.hget(job_key(job_id), "cancel_requested") == b"1"
 
-    def read_events(self, job_id: str, after: str = "0",
-                    block_ms: int = 1000) -> list[tuple[str, JobRecord]]:
-        """Events after stream id `after` (waiting up to block_ms), each with the record now."""
-        answer = self._redis.xread({job_events_key(job_id): after}, block=block_ms)
-        if not answer:
-            return []
-        record = self.get(job_id)
-        return [(entry_id.decode(), record) for entry_id, _fields in answer[0][1]]
-
     def read_job_events(self, job_id: str, after: str = "0",
                         block_ms: int = 1000) -> list[JobEvent]:
         """Events after stream id `after` (waiting up to block_ms), each as it was recorded."""

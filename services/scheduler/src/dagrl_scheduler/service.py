@@ -110,13 +110,6 @@ def event_to_proto(event: JobEvent, record: JobRecord) -> scheduler_pb2.Job:
     return job
 
 
-def state_from_proto(value: int) -> JobState:
-    for state, proto in _STATE_TO_PROTO.items():
-        if proto == value:
-            return state
-    raise InvalidInputError(f"unknown job state {value}")
-
-
 def _job_id(job_id: str) -> str:
     if not job_id.strip():
         raise InvalidInputError("job_id is empty; `dagrl status` lists the known jobs")

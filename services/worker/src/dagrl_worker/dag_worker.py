@@ -36,6 +36,7 @@ from dagrl_worker.builder import build_agent_models, build_executor
 from dagrl_worker.config import WorkerSettings
 from dagrl_worker.dataflow import EdgeRouter, ShardStore, join_by_uid
 from dagrl_worker.executors.base import AgentModels, Executor, StepContext
+from dagrl_worker.executors.models import copy_weights
 from dagrl_worker.metrics import MetricSink, Reduce, Summary
 from dagrl_worker.prompt_source import PromptSource
 from dagrl_worker.prompts import dp_slice, prompts_to_batch
@@ -203,7 +204,7 @@ class DAGWorker:
             with telemetry.phase_span(telemetry.SPAN_WEIGHT_SYNC) as span:
                 span.add_bytes(broadcast_weights(state, sync.source, group))
             if self.rank != sync.source and models.rollout_copy is not None and models.actor:
-                models.rollout_copy.load_state_dict(models.actor.inner.state_dict())
+                copy_weights(models.actor, models.rollout_copy)
 
     def _regenerate(self, step: int, node_id: str, round_index: int) -> Batch:
         """Rerun this rank's ancestors of `node_id` on freshly drawn prompts (DAPO).
