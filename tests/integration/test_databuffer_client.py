@@ -15,6 +15,7 @@ import torch
 
 from dagrl.batch import Batch, concat
 from dagrl.batch.partition import holds_own_rows
+from dagrl.errors import BatchError
 from dagrl.local import LocalRedis
 from dagrl_databuffer.client import DataBufferClient
 
@@ -191,6 +192,30 @@ def test_producers_given_by_the_consumer(client: DataBufferClient, job: str) -> 
     client.put(job, 0, "a->b", 1, batch.slice(3, 9))
     parts = [client.get(job, 0, "a->b", r, 2, 2, timeout_s=5) for r in range(2)]
     assert sorted(u for p in parts for u in p.uids) == sorted(batch.uids)
+
+
+def test_get_groups_returns_exactly_the_named_groups(client: DataBufferClient, job: str) -> None:
+    """Consumers that pick rows by group (a chain's samples going back to the ranks of their
+    parent samples): each gets its groups whole, in global order; the last read deletes."""
+    shards = [rollout(f"p{rank}", [2, 1, 3], seed=rank) for rank in range(3)]
+    for rank, shard in enumerate(shards):
+        client.put(job, 0, "a->b", rank, shard, producer_size=3)
+    everything = concat(shards)
+    wanted = [{"p0:0", "p2:2", "p1:1"}, {"p0:1", "p0:2", "p1:0", "p1:2", "p2:0", "p2:1"}]
+    parts = [client.get_groups(job, 0, "a->b", groups, rank, 2, timeout_s=5)
+             for rank, groups in enumerate(wanted)]
+    for part, groups in zip(parts, wanted, strict=True):
+        rows = [i for i, g in enumerate(everything.group_ids) if g in groups]
+        assert part.equals(everything.select(rows))
+    assert client.describe_step(job, 0) == []
+
+
+def test_get_groups_refuses_a_missing_group(client: DataBufferClient, job: str) -> None:
+    client.put(job, 0, "a->b", 0, rollout("m", [2, 2]), producer_size=1)
+    with pytest.raises(BatchError, match=r"no rows of 1 of the 2 groups.*'m:9'"):
+        client.get_groups(job, 0, "a->b", {"m:0", "m:9"}, 0, 1, timeout_s=5)
+    assert client.get_groups(job, 0, "a->b", {"m:1"}, 0, 1, timeout_s=5).group_ids == [
+        "m:1", "m:1"]
 
 
 # ------------------------------------------------------------------ concurrency

@@ -3,6 +3,7 @@
 from dagrl.config.job import (
     ActorConfig,
     ActorRolloutRefConfig,
+    AgentPlacement,
     AlgorithmConfig,
     CriticConfig,
     DataConfig,
@@ -31,6 +32,7 @@ from dagrl.config.typed import build, field_doc, nested, option, to_dict
 __all__ = [
     "ActorConfig",
     "ActorRolloutRefConfig",
+    "AgentPlacement",
     "AlgorithmConfig",
     "CriticConfig",
     "DataConfig",

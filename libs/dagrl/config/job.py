@@ -18,6 +18,10 @@ from typing import Literal
 from dagrl.config.typed import nested, option
 
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+# How a multi-agent workflow's agents share ranks (single-agent workflows ignore it):
+# colocate: every agent on every rank, taking turns; spread: each agent's nodes on ranks of
+# their own, apportioned by cost, data handed over through the databuffer.
+AgentPlacement = Literal["colocate", "spread"]
 AdvEstimator = Literal[
     "gae", "grpo", "drgrpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"
 ]
@@ -239,6 +243,9 @@ class TrainerConfig:
 @dataclass(frozen=True)
 class WorkflowConfig:
     source: str = option("grpo", "built-in workflow name or path to a workflow YAML")
+    agent_placement: AgentPlacement = option(
+        "colocate", "multi-agent workflows: colocate (all agents on every rank) or spread "
+        "(each agent on ranks of its own)")
 
 
 @dataclass(frozen=True)

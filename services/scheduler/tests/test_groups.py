@@ -12,7 +12,13 @@ import pytest
 from dagrl.errors import ConfigError
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.workflow import load_workflow
-from dagrl_scheduler.planning import Cluster, Plan, make_plan, parse_size
+from dagrl_scheduler.planning import (
+    Cluster,
+    InsufficientResourcesError,
+    Plan,
+    make_plan,
+    parse_size,
+)
 
 from .workflows import chain_graph
 
@@ -114,3 +120,16 @@ def test_the_same_plan_comes_out_of_two_independent_processes() -> None:
     plan = Plan.from_proto(scheduler_pb2.Plan.FromString(bytes.fromhex(outputs[0])))
     assert len(plan.subgraphs) == 4
     assert len(plan.process_groups) >= 4
+
+
+def test_spread_puts_each_agent_on_ranks_of_its_own_and_says_so() -> None:
+    graph = load_workflow("two_agent")
+    plan = make_plan(graph, Cluster.homogeneous(1, 4), agent_placement="spread")
+    ranks = {agent: {r for n in graph.nodes if n.agent_group == agent
+                     for r in plan.layout(n.node_id).ranks} for agent in (0, 1)}
+    assert ranks == {0: {0, 1}, 1: {2, 3}}
+    assert any("agent 0 on ranks 0-1; agent 1 on ranks 2-3" in note for note in plan.notes)
+    colocated = make_plan(graph, Cluster.homogeneous(1, 4))
+    assert all(layout.ranks == (0, 1, 2, 3) for layout in colocated.layouts)
+    with pytest.raises(InsufficientResourcesError, match="agent_placement=colocate"):
+        make_plan(graph, Cluster.homogeneous(1, 1), agent_placement="spread")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dagrl.workflow import load_workflow
-from dagrl_scheduler.planning import split_workflow
+from dagrl_scheduler.planning.split import split_agents, split_workflow
 
 from .workflows import as_sets, chain_graph
 
@@ -81,3 +81,15 @@ def test_every_node_lands_in_some_piece_and_pieces_follow_topological_order() ->
     assert set().union(*map(set, pieces)) == set(order)
     for piece in pieces:
         assert list(piece) == sorted(piece, key=order.index)
+
+
+def test_agents_colocate_in_one_piece_or_spread_into_pieces_of_their_own() -> None:
+    graph = load_workflow("two_agent")
+    assert split_agents(graph, "colocate") == (graph.topological_order(),)
+    spread = split_agents(graph, "spread")
+    assert [{graph[n].agent_group for n in piece} for piece in spread] == [{0}, {1}]
+    assert set(spread[0]) | set(spread[1]) == set(graph.node_ids)
+    assert not set(spread[0]) & set(spread[1])
+    single = load_workflow("ppo")  # one agent: the placement changes nothing
+    assert split_agents(single, "spread") == split_agents(single, "colocate") == split_workflow(
+        single)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -282,17 +282,48 @@ class DataBufferClient:
         keys = K.EdgeKeys(job, step, edge)
         K.check_rank("consumer", dp_rank, dp_size)
         plan = self.plan(job, step, edge, dp_size, producers, timeout_s=timeout_s)
-        batch = self._fetch(keys, plan, plan.partition.rows[dp_rank])
+        batch = self._fetch(keys, plan.metas, plan.partition.rows[dp_rank])
         self._release(keys, plan.metas, dp_rank, dp_size)
         return batch
 
-    def _fetch(self, keys: K.EdgeKeys, plan: EdgePlan, rows: Sequence[int]) -> Batch:
-        needed = rows_by_block(plan.metas, rows)
+    def get_groups(self, job: str, step: int, edge: str, group_ids: Collection[str],
+                   dp_rank: int, dp_size: int, producers: int | None = None, *,
+                   timeout_s: float = 60.0) -> Batch:
+        """The rows of the edge whose group id is one of `group_ids`, in global row order.
+
+        For consumers whose rows are fixed by something other than the edge's own partition:
+        the next agent of a chain hands its samples back to the ranks that hold their parent
+        samples (group ids name the parent). Every wanted group must be present (a missing one
+        is lost data: BatchError naming it). The edge is released as consumer `dp_rank` of
+        `dp_size`, like `get`; the consumers together must ask for every group once.
+        """
+        keys = K.EdgeKeys(job, step, edge)
+        K.check_rank("consumer", dp_rank, dp_size)
+        metas = self.wait_ready(job, step, edge, producers, timeout_s=timeout_s)
+        wanted = set(group_ids)
+        rows = []
+        found: set[str] = set()
+        for row, group in enumerate(g for meta in metas for g in meta.group_ids):
+            if group in wanted:
+                rows.append(row)
+                found.add(group)
+        missing = sorted(wanted - found)
+        if missing:
+            raise BatchError(
+                f"edge {edge!r} of step {step} (job {job!r}) has no rows of {len(missing)} of "
+                f"the {len(wanted)} groups consumer {dp_rank} of {dp_size} asked for (e.g. "
+                f"{missing[0]!r})")
+        batch = self._fetch(keys, metas, rows)
+        self._release(keys, metas, dp_rank, dp_size)
+        return batch
+
+    def _fetch(self, keys: K.EdgeKeys, metas: Sequence[ShardMeta], rows: Sequence[int]) -> Batch:
+        needed = rows_by_block(metas, rows)
         if not needed:
-            return decode(plan.metas[0].schema)
+            return decode(metas[0].schema)
         requests = []
         for rank, block_index in needed:
-            meta = plan.metas[rank]
+            meta = metas[rank]
             block = meta.blocks[block_index]
             requests.append([(keys.chunk(rank, meta.write_id, i), size)
                              for i, size in zip(block.chunk_indices, block.chunk_sizes,
@@ -301,7 +332,7 @@ class DataBufferClient:
         pieces: list[Batch] = []
         for ((rank, block_index), local_rows), buffer, request in zip(
                 needed.items(), buffers, requests, strict=True):
-            block = plan.metas[rank].blocks[block_index]
+            block = metas[rank].blocks[block_index]
             decoded = decode_block(buffer, request[0][0], block.row_stop - block.row_start)
             if len(needed) == 1 and len(local_rows) == len(decoded):
                 return decoded  # the whole block: its buffer is private, no copy needed

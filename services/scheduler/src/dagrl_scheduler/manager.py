@@ -34,11 +34,16 @@ from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl_scheduler import launcher
 from dagrl_scheduler.config import SchedulerConfig
 from dagrl_scheduler.planning import Plan, make_plan
-from dagrl_scheduler.specs import resolve_job
+from dagrl_scheduler.specs import ResolvedJob, resolve_job
 
 log = logging.getLogger(__name__)
 
 WATCH_BLOCK_MS = 500
+
+
+def plan_job(resolved: ResolvedJob) -> Plan:
+    return make_plan(resolved.graph, resolved.cluster, source=resolved.workflow_source,
+                     agent_placement=resolved.config.workflow.agent_placement)
 
 
 class RedisNotConfiguredError(UnavailableError):
@@ -59,14 +64,14 @@ class JobManager:
     def plan(self, spec: scheduler_pb2.JobSpec, cluster: scheduler_pb2.ClusterSpec) -> Plan:
         """The plan a submission would get; touches nothing."""
         resolved = resolve_job(spec, cluster)
-        return make_plan(resolved.graph, resolved.cluster, source=resolved.workflow_source)
+        return plan_job(resolved)
 
     # ---- jobs ---------------------------------------------------------------------------
 
     def submit(self, spec: scheduler_pb2.JobSpec,
                cluster: scheduler_pb2.ClusterSpec) -> JobRecord:
         resolved = resolve_job(spec, cluster)
-        plan = make_plan(resolved.graph, resolved.cluster, source=resolved.workflow_source)
+        plan = plan_job(resolved)
         store = self.store()
         job_id = new_job_id()
         store.create(JobRecord(

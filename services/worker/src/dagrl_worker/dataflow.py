@@ -3,7 +3,9 @@
 For an edge producer -> consumer, the consumer reads from this rank's local cache when
 the producer ran here with the same layout (same ranks, same dp size): nothing is
 serialized. Otherwise the producer puts its shard into the databuffer and every consumer
-rank gets its resharded part (groups whole, balanced by tokens). Edges into a training
+rank gets its resharded part (groups whole, balanced by tokens). A lineage edge (a later
+agent's samples joining the earlier agent's samples they answer) is the exception: each
+consumer rank gets exactly the children of the parent samples it holds. Edges into a training
 node also go through the databuffer when `trainer.balance_batch` is on and the node is
 data parallel, so ranks train on token-balanced shards (rollout lengths vary).
 
@@ -12,6 +14,7 @@ Nothing here sends batch data to the driver.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -20,7 +23,7 @@ import torch
 from dagrl import telemetry
 from dagrl.batch import GROUP_ID, UID, Batch
 from dagrl.errors import BatchError
-from dagrl.workflow import NodeRole, NodeType, TaskGraph
+from dagrl.workflow import Node, NodeRole, NodeType, TaskGraph
 from dagrl_worker.plan_view import PlanView
 
 # The column naming the previous agent's sample that a chained agent's sample answers
@@ -36,6 +39,10 @@ class ShardStore(Protocol):
 
     def get(self, job: str, step: int, edge: str, dp_rank: int, dp_size: int,
             producers: int | None = None, *, timeout_s: float = 60.0) -> Batch: ...
+
+    def get_groups(self, job: str, step: int, edge: str, group_ids: Collection[str],
+                   dp_rank: int, dp_size: int, producers: int | None = None, *,
+                   timeout_s: float = 60.0) -> Batch: ...
 
 
 def edge_name(producer: str, consumer: str) -> str:
@@ -56,6 +63,21 @@ class EdgeRouter:
     timeout_s: float = 600.0  # a consumer waits this long for its producers' shards
 
     def is_local(self, producer: str, consumer: str) -> bool:
+        """Whether the edge's rows stay on this rank (no databuffer): same layout at both
+        ends, not a balanced training input, and for a lineage edge (`lineage_link`), every
+        hop from the parent samples to their children also rank-local."""
+        if not self._same_rows(producer, consumer):
+            return False
+        link = lineage_link(self.graph, producer, consumer)
+        if link is None:
+            return True
+        parent, _chain = link
+        between = set(self.graph.descendants(parent)) & set(self.graph.ancestors(producer))
+        hops = [(a, b) for a, b in self.graph.edges()
+                if a in between | {parent} and b in between | {producer}]
+        return all(self._same_rows(a, b) for a, b in hops)
+
+    def _same_rows(self, producer: str, consumer: str) -> bool:
         made, used = self.plan.layout(producer), self.plan.layout(consumer)
         if made.ranks != used.ranks or made.dp_size != used.dp_size:
             return False
@@ -78,22 +100,45 @@ class EdgeRouter:
                     span.add_bytes(int(info.nbytes))
 
     def inputs(self, step: int, consumer: str) -> Batch:
-        """The consumer's input on this rank: its parents' outputs, joined row by row."""
+        """The consumer's input on this rank: its parents' outputs, joined row by row.
+
+        A lineage parent (a later agent's samples, `lineage_link`) is read after the others:
+        from the databuffer it brings exactly the children of the parent samples this rank
+        holds, wherever the later agent ran.
+        """
         parents = self.graph.parents(consumer)
-        layout = self.plan.layout(consumer)
-        parts = []
-        for producer in parents:
+        links = {p: lineage_link(self.graph, p, consumer) for p in parents}
+        parts: dict[str, Batch] = {}
+        for producer in sorted(parents, key=lambda p: links[p] is not None):
             if self.is_local(producer, consumer):
-                parts.append(self.local[producer])
+                parts[producer] = self.local[producer]
+                continue
+            link = links[producer]
+            wanted = None
+            if link is not None:
+                parent, chain = link
+                wanted = {chained_group_id(uid, self.graph[chain].agent_group)
+                          for uid in parts[parent].uids}
+            parts[producer] = self._get(step, producer, consumer, wanted)
+        return join_by_uid([parts[p] for p in parents])
+
+    def _get(self, step: int, producer: str, consumer: str,
+             group_ids: set[str] | None) -> Batch:
+        """This rank's part of a databuffer edge: its dp share, or the groups named."""
+        layout = self.plan.layout(consumer)
+        store = self._require_store()
+        edge = edge_name(producer, consumer)
+        producers = self.plan.layout(producer).dp_size
+        with telemetry.phase_span(telemetry.SPAN_DATABUFFER_GET) as span:
+            if group_ids is None:
+                part = store.get(self.job_id, step, edge, layout.dp_rank(self.rank),
+                                 layout.dp_size, producers=producers, timeout_s=self.timeout_s)
             else:
-                with telemetry.phase_span(telemetry.SPAN_DATABUFFER_GET) as span:
-                    part = self._require_store().get(
-                        self.job_id, step, edge_name(producer, consumer),
-                        layout.dp_rank(self.rank), layout.dp_size,
-                        producers=self.plan.layout(producer).dp_size, timeout_s=self.timeout_s)
-                    span.set_batch_size(len(part))
-                parts.append(part)
-        return join_by_uid(parts)
+                part = store.get_groups(self.job_id, step, edge, group_ids,
+                                        layout.dp_rank(self.rank), layout.dp_size,
+                                        producers=producers, timeout_s=self.timeout_s)
+            span.set_batch_size(len(part))
+        return part
 
     def clear(self) -> None:
         self.local.clear()
@@ -103,6 +148,33 @@ class EdgeRouter:
             raise RuntimeError("this plan moves data between layouts but the worker has no "
                                "databuffer: set services.redis_url")
         return self.store
+
+
+def chained_group_id(parent_uid: str, agent_group: int) -> str:
+    """The group of the samples agent `agent_group` draws for the previous agent's sample
+    `parent_uid` (GRPO compares them; the databuffer hands them back to the parent's rank)."""
+    return f"{parent_uid}|a{agent_group}"
+
+
+def is_chain_rollout(node: Node) -> bool:
+    return node.node_role == NodeRole.ROLLOUT and "chain_template" in node.agent_options
+
+
+def lineage_link(graph: TaskGraph, producer: str, consumer: str) -> tuple[str, str] | None:
+    """(parent, chain) when `producer`'s rows reach `consumer` as the children of another of
+    its parents' rows: `chain` (a chained ROLLOUT node, `producer` or upstream of it) drew
+    them from `parent`'s samples with no other chain between; None for an ordinary edge."""
+    chains = [n for n in (*graph.ancestors(producer), producer) if is_chain_rollout(graph[n])]
+    for parent in graph.parents(consumer):
+        if parent == producer:
+            continue
+        downstream = set(graph.descendants(parent))
+        for chain in chains:
+            upstream = set(graph.ancestors(chain))
+            if parent in upstream and not any(
+                    c in downstream and c in upstream for c in chains):
+                return parent, chain
+    return None
 
 
 def join_by_uid(parts: list[Batch]) -> Batch:

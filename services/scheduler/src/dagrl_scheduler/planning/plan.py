@@ -48,6 +48,13 @@ class Plan:
     idle_slots: int = 0
     notes: tuple[str, ...] = ()
 
+    def layout(self, node_id: str) -> NodeLayout:
+        """The layout of one node (KeyError naming the node if the plan has none)."""
+        for layout in self.layouts:
+            if layout.node_id == node_id:
+                return layout
+        raise KeyError(f"plan of workflow {self.dag_id!r} has no layout for node {node_id!r}")
+
     def to_proto(self) -> scheduler_pb2.Plan:
         return scheduler_pb2.Plan(
             world_size=self.world_size, dag_id=self.dag_id, cost_unit=self.cost_unit,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from dagrl.config import AgentPlacement
 from dagrl.workflow import TaskGraph
 from dagrl_scheduler.planning.apportion import Share, apportion
 from dagrl_scheduler.planning.cluster import Cluster, Pool, Requirement, eligible_pools, pools
@@ -17,15 +18,17 @@ from dagrl_scheduler.planning.errors import InsufficientResourcesError, Planning
 from dagrl_scheduler.planning.groups import layouts, node_ranks, process_groups
 from dagrl_scheduler.planning.placement import SlotRun, pack_pool, spread_over_pools
 from dagrl_scheduler.planning.plan import Plan, RankPlacement, SubgraphPlan
-from dagrl_scheduler.planning.split import split_workflow
+from dagrl_scheduler.planning.split import split_agents
 
 
-def make_plan(graph: TaskGraph, cluster: Cluster, *, source: str | None = None) -> Plan:
+def make_plan(graph: TaskGraph, cluster: Cluster, *, source: str | None = None,
+              agent_placement: AgentPlacement = "colocate") -> Plan:
     """Plan `graph` onto every usable slot of `cluster`; same inputs, same plan.
 
-    `source` names the workflow file in error messages.
+    `source` names the workflow file in error messages; `agent_placement` says how the agents
+    of a multi-agent workflow share ranks (`split.split_agents`).
     """
-    pieces = split_workflow(graph)
+    pieces = split_agents(graph, agent_placement)
     demands, unit = node_demands(graph, source)
     holders = _holders(pieces)
     requirements = [_requirement(graph, piece, demands) for piece in pieces]
@@ -38,7 +41,14 @@ def make_plan(graph: TaskGraph, cluster: Cluster, *, source: str | None = None) 
               eligible[i], _label(i, piece), requirements[i].describe())
         for i, (piece, cost) in enumerate(zip(pieces, costs, strict=True))
     ]
-    allotments = apportion(shares, [pool.capacity for pool in all_pools])
+    try:
+        allotments = apportion(shares, [pool.capacity for pool in all_pools])
+    except InsufficientResourcesError as exc:
+        if agent_placement == "spread" and len(graph.agent_groups()) > 1:
+            raise InsufficientResourcesError(
+                f"{exc}; or place the agents with workflow.agent_placement=colocate (every "
+                "agent on every rank)") from exc
+        raise
     counts = [a.ranks for a in allotments]
     runs = _place(counts, eligible, all_pools, cluster)
     ranks, placements = _number_ranks(runs, cluster)
@@ -57,7 +67,8 @@ def make_plan(graph: TaskGraph, cluster: Cluster, *, source: str | None = None) 
         subgraphs=subgraphs, placements=placements, process_groups=groups,
         layouts=layouts(graph, ranks_of, demands, groups, pieces),
         idle_slots=cluster.total_slots - world,
-        notes=_notes(unit, requirements, cluster, world),
+        notes=(*_notes(unit, requirements, cluster, world),
+               *_agent_notes(graph, ranks_of, agent_placement)),
     )
 
 
@@ -166,6 +177,23 @@ def _ideal(costs: Sequence[float], i: int, world: int, total: float) -> float:
 def _label(index: int, piece: Sequence[str]) -> str:
     shown = ", ".join(piece[:3]) + (", ..." if len(piece) > 3 else "")
     return f"subgraph {index} ({shown})"
+
+
+def _agent_notes(graph: TaskGraph, ranks_of: Mapping[str, tuple[int, ...]],
+                 placement: AgentPlacement) -> tuple[str, ...]:
+    agents = graph.agent_groups()
+    if len(agents) == 1:
+        return ()
+    held = {agent: sorted({r for n in graph.nodes if n.agent_group == agent
+                           for r in ranks_of[n.node_id]}) for agent in agents}
+    shown = "; ".join(f"agent {a} on ranks {_ranks_text(r)}" for a, r in held.items())
+    return (f"agents placed by workflow.agent_placement = {placement}: {shown}",)
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    if ranks and list(ranks) == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 1:
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(map(str, ranks))
 
 
 def _notes(unit: str, requirements: Sequence[Requirement], cluster: Cluster,

@@ -14,6 +14,10 @@ A linear chain, and a diamond that fans out from one entry and joins again befor
 stay whole: there the branches share both ends, so no piece would be smaller. Duplicate pieces
 are dropped. A node that ends up in several pieces runs on the union of their ranks.
 
+A multi-agent workflow is first divided by agent (`split_agents`): `colocate` keeps it whole
+(every agent on every rank), `spread` gives each agent group's nodes pieces of their own, so
+each agent gets ranks of its own; the rules then apply within each agent's nodes.
+
 Sets of nodes are Python ints used as bitsets over topological positions, so a split is a few
 integer operations per node and the result never depends on set iteration order.
 """
@@ -23,6 +27,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from dagrl.config import AgentPlacement
 from dagrl.workflow import TaskGraph
 
 
@@ -62,6 +67,24 @@ def split_workflow(graph: TaskGraph) -> tuple[tuple[str, ...], ...]:
                 pending.append(part)
     ordered = sorted(_members(piece) for piece in final)
     return tuple(tuple(dag.ids[i] for i in members) for members in ordered)
+
+
+def split_agents(graph: TaskGraph, placement: AgentPlacement) -> tuple[tuple[str, ...], ...]:
+    """The pieces of a workflow whose agents are placed by `placement` (see the docstring).
+
+    A node belongs to its `agent_group`: give a shared node (a reward, say) the agent group
+    whose ranks should run it. Pieces come agent by agent, so agent 0 gets the first ranks.
+    """
+    agents = graph.agent_groups()
+    if len(agents) == 1:
+        return split_workflow(graph)
+    if placement == "colocate":
+        return (graph.topological_order(),)
+    pieces: list[tuple[str, ...]] = []
+    for agent in agents:
+        own = graph.subgraph(n.node_id for n in graph.nodes if n.agent_group == agent)
+        pieces.extend(split_workflow(own))
+    return tuple(pieces)
 
 
 def _split_once(dag: _Dag, piece: int) -> list[int] | None:
