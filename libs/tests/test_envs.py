@@ -1,21 +1,27 @@
-"""Environments: the reset/step contract, done and turn limits, the safe calculator, options."""
+"""Environments: the reset/step contract, done and turn limits, the safe calculator, options,
+and the workflow check of agent nodes."""
 
 import asyncio
+import re
 
 import pytest
 
 from dagrl.envs import (
+    TOOL_CALLS,
+    TOOL_ERRORS,
     CalculatorError,
     CalculatorToolEnv,
     MathEnv,
     StepResult,
     Trajectory,
     agent_options,
+    check_agent_nodes,
     env_factory,
     episode_reward,
     evaluate,
 )
 from dagrl.errors import ConfigError
+from dagrl.workflow import Node, NodeRole, NodeType, TaskGraph, load_workflow
 
 
 def play(env, actions: list[str], ground_truth: str) -> list[StepResult]:
@@ -40,7 +46,9 @@ def test_math_env_turn_limit_ends_episode() -> None:
 def test_calculator_tool_call_then_final_answer() -> None:
     results = play(CalculatorToolEnv(max_turns=3), ["<tool>12*7</tool>", "84"], "84")
     assert results[0] == StepResult("<result>84</result>", 0.0, False,
-                                    {"turn": 1, "tool_call": "12*7"})
+                                    {"turn": 1, "tool_call": "12*7", TOOL_CALLS: 1,
+                                     TOOL_ERRORS: 0})
+    assert results[1].count(TOOL_CALLS) == 0  # a final answer runs no tool
     assert results[1].reward == 1.0 and results[1].done
 
 
@@ -69,6 +77,13 @@ def test_calculator_refuses_unsafe_or_huge(expression: str) -> None:
 def test_calculator_errors_become_observations() -> None:
     result = play(CalculatorToolEnv(), ["<tool>__import__('os')</tool>"], "1")[0]
     assert result.observation.startswith("<result>error:") and not result.done
+    assert (result.count(TOOL_CALLS), result.count(TOOL_ERRORS)) == (1, 1)
+
+
+@pytest.mark.parametrize("value", [-1, 1.0, "2", True])
+def test_tool_counts_in_info_must_be_counts(value: object) -> None:
+    with pytest.raises(TypeError, match=r"info\['tool_calls'\] is"):
+        StepResult("", 0.0, False, {TOOL_CALLS: value}).count(TOOL_CALLS)
 
 
 def test_episode_reward_sums_steps_unless_env_overrides() -> None:
@@ -105,3 +120,69 @@ def test_agent_options_report_every_problem_naming_the_node() -> None:
     assert "max_assistant_turns must be >= 1" in message and "${prompt}" in message
     options = agent_options("rollout", {"env": "calculator", "max_assistant_turns": 4})
     assert options.is_multi_turn and options.max_assistant_turns == 4
+
+
+def test_agent_options_combine_chain_and_env_and_need_env_for_turn_options() -> None:
+    options = agent_options("a1", {"env": "math", "chain_template": "${prompt}${response}\n"})
+    assert options.is_multi_turn and options.chain_template == "${prompt}${response}\n"
+    with pytest.raises(ConfigError) as caught:
+        agent_options("a1", {"max_assistant_turns": 3, "post_chat_template": "x",
+                             "max_turns": 1})
+    message = str(caught.value)
+    assert "max_assistant_turns, post_chat_template: only multi-turn rollouts read" in message
+    assert "max_turns: unknown key" in message  # reported together
+
+
+@pytest.mark.parametrize("options,expected", [
+    ({"env": "chess"}, "env 'chess' is neither a built-in (calculator, math)"),
+    ({"env": "my.module:not a class"}, "attribute 'not a class' is not a dotted Python name"),
+    ({"env": "math", "pre_process": "hooks.pre"}, "pre_process: reference 'hooks.pre' has no"),
+])
+def test_agent_options_check_references_by_form(options: dict, expected: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        agent_options("r", options)
+
+
+def test_agent_options_never_import_the_code_they_name(tmp_path) -> None:
+    marker = tmp_path / "imported"
+    env_file = tmp_path / "side_effect_env.py"
+    env_file.write_text(f"open({str(marker)!r}, 'w').close()\nclass Env: pass\n")
+    agent_options("r", {"env": f"{env_file}:Env", "post_process": f"{env_file}:post"})
+    agent_options("r", {"env": "no_such_package_here.envs:Env"})  # would not import either
+    assert not marker.exists()
+
+
+def rollout(node_id: str, deps: tuple[str, ...] = (), group: int = 0, **options) -> Node:
+    return Node(node_id, NodeType.MODEL_INFERENCE, NodeRole.ROLLOUT, deps, group,
+                agent_options=options)
+
+
+def test_check_agent_nodes_lists_every_problem_naming_node_and_key() -> None:
+    chain = "${prompt}${response}\n"
+    graph = TaskGraph("agents", [
+        Node("prompts", NodeType.DATA_LOAD),
+        Node("tools", NodeType.ENV_INTERACT, dependencies=("prompts",)),
+        rollout("a0", ("tools",), env="math", turns=3),
+        rollout("a1", ("a0",), group=1, env="calculator", chain_template=chain),
+        rollout("orphan", ("prompts",), chain_template=chain),
+        Node("reward", NodeType.COMPUTE, NodeRole.REWARD, ("a1",),
+             agent_options={"env": "math"}),
+    ])
+    with pytest.raises(ConfigError) as caught:
+        check_agent_nodes(graph, "flows/agents.yaml")
+    problems = caught.value.problems
+    assert "flows/agents.yaml" in str(caught.value) and len(problems) == 4
+    assert problems[0].startswith("node 'tools' is ENV_INTERACT") and (
+        "agent_options.env" in problems[0])
+    assert problems[1].startswith("node 'a0': agent_options.turns: unknown key")
+    assert problems[2].startswith("node 'reward' (COMPUTE, role REWARD) has agent_options")
+    assert problems[3].startswith("node 'orphan': agent_options.chain_template is set but none "
+                                  "of its dependencies (prompts) is a ROLLOUT node")
+
+
+def test_check_agent_nodes_accepts_chained_multi_turn_agents_and_the_builtins() -> None:
+    chain = "${prompt}${response}\n"
+    check_agent_nodes(TaskGraph("chain", [
+        rollout("a0", env="calculator"),
+        rollout("a1", ("a0",), group=1, env="my_envs.py:Judge", chain_template=chain)]))
+    check_agent_nodes(load_workflow("two_agent"))

@@ -107,13 +107,20 @@ def test_two_agents_train_and_keep_lineage(ray_session: None, assets: Path,
         actor_rollout_ref={"rollout.n": N, "actor.ppo_mini_batch_size": PROMPTS,
                            "actor.ppo_micro_batch_size_per_rank": 16,
                            "actor.entropy_coeff": 0.01},
-        trainer={"total_training_steps": STEPS, "save_freq": STEPS, "val_before_train": False,
+        trainer={"total_training_steps": STEPS, "save_freq": STEPS, "val_before_train": True,
                  "test_freq": -1, "logger": ["console"], "default_local_dir": str(tmp_path)})
     spec = WorkerSpec(job_id=f"e2e-{tmp_path.name}", config_yaml=yaml.safe_dump(config),
                       workflow_yaml="", overrides=(), plan=plan.to_proto().SerializeToString(),
                       redis_url=redis_server.url, checkpoint_dir=str(tmp_path / "ckpt"))
     outcome = Driver(spec).run()
     assert outcome.state == JobState.SUCCEEDED, outcome.reason
+
+    # validation runs the chain (spread: across the ranks, through the databuffer) and
+    # scores agent 1's final answers
+    validations = [m for m in outcome.history if "val_step" in m]
+    assert len(validations) == 1
+    assert 0.0 <= validations[0]["val/agent1/arith/accuracy"] <= 1.0
+    assert validations[0]["val/agent1/response_length/mean"] > 0
 
     # each CUSTOM node's metrics carry its agent's prefix
     steps = [m for m in outcome.history if "agent1/lineage/broken" in m]

@@ -1,9 +1,10 @@
 """CalculatorToolEnv: the agent may call a calculator before it answers.
 
 An action containing `<tool>12*7</tool>` calls the tool; the next observation is
-`<result>84</result>` (or `<result>error: ...</result>`), reward 0. An action without a
-tool call is the final answer: scored like `MathEnv` (last number vs the ground truth),
-and it ends the episode. The turn limit ends it too, with reward 0.
+`<result>84</result>` (or `<result>error: ...</result>`), reward 0; its `info` counts the call
+(`TOOL_CALLS`, and `TOOL_ERRORS` when it failed). Only the first call of an action runs. An
+action without a tool call is the final answer: scored like `MathEnv` (last number vs the
+ground truth), and it ends the episode. The turn limit ends it too, with reward 0.
 
 The calculator evaluates arithmetic on a parsed `ast`, never `eval`: numbers, `+ - * / //
 % **`, parentheses and unary signs only; exponents, operand sizes and expression length
@@ -18,7 +19,7 @@ import re
 from collections.abc import Callable
 from typing import Any, cast
 
-from dagrl.envs.base import StepResult
+from dagrl.envs.base import TOOL_CALLS, TOOL_ERRORS, StepResult
 from dagrl.errors import InvalidInputError
 from dagrl.rewards import numeric_match
 
@@ -103,10 +104,12 @@ class CalculatorToolEnv:
             return StepResult(observation="correct" if is_right else "wrong",
                               reward=1.0 if is_right else 0.0, done=True,
                               info={"turn": self.turns, "is_right": is_right})
+        errors = 0
         try:
             answer = format_number(evaluate(call.group(1)))
         except CalculatorError as exc:
-            answer = f"error: {exc}"
+            answer, errors = f"error: {exc}", 1
         return StepResult(observation=f"<result>{answer}</result>", reward=0.0,
                           done=self.turns >= self.max_turns,
-                          info={"turn": self.turns, "tool_call": call.group(1)})
+                          info={"turn": self.turns, "tool_call": call.group(1), TOOL_CALLS: 1,
+                                TOOL_ERRORS: errors})

@@ -1,9 +1,16 @@
 """`agent_options` of a ROLLOUT node, typed: which environment, how many turns, templates.
 
-A ROLLOUT node with `agent_options.env` runs multi-turn episodes. Unknown keys and bad values
-are one ConfigError naming the node and every problem. The default templates are ChatML
-(Qwen2.5, the tiny char model): after each response the `post_chat_template` text, then
-before the next turn the `pre_chat_template` with `${observation}` as a user message.
+A ROLLOUT node with `agent_options.env` runs multi-turn episodes; one with `chain_template`
+is the next agent of a chain (it prompts with its parent ROLLOUT node's samples); both may be
+set. Unknown keys and bad values are one ConfigError naming the node and every problem. The
+default templates are ChatML (Qwen2.5, the tiny char model): after each response the
+`post_chat_template` text, then before the next turn the `pre_chat_template` with
+`${observation}` as a user message.
+
+`check_agent_nodes` is the workflow-level check, shared by the scheduler (at PlanJob/SubmitJob)
+and the worker (per node, `agent_node_problems`): agent_options only on ROLLOUT nodes, typed;
+a chained rollout has a ROLLOUT parent; no ENV_INTERACT nodes. It imports no code a workflow
+names: `env`, `pre_process` and `post_process` references are checked by form only.
 """
 
 from __future__ import annotations
@@ -13,11 +20,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from dagrl.config.typed import build, option
+from dagrl.envs.base import env_ref_problem
+from dagrl.errors import ConfigError, RefResolutionError
+from dagrl.refs import parse_ref
+from dagrl.workflow import Node, NodeRole, NodeType, TaskGraph
 
 CHATML_PRE_TEMPLATE = "${prompt}<|im_start|>user\n${observation}<|im_end|>\n<|im_start|>assistant\n"
 CHATML_POST_TEMPLATE = "\n"
 PROMPT_PLACEHOLDER = "${prompt}"
 CHAIN_PREFIX = "${prompt}${response}"
+# Options that only a multi-turn rollout (env set) reads.
+MULTI_TURN_KEYS = frozenset({"max_assistant_turns", "max_response_tokens_per_turn",
+                             "pre_chat_template", "post_chat_template", "pre_process",
+                             "post_process"})
 
 
 @dataclass(frozen=True)
@@ -44,6 +59,11 @@ class AgentOptions:
 
     def check(self) -> list[str]:
         problems = []
+        if self.env is not None and (problem := env_ref_problem(self.env)):
+            problems.append(problem)
+        for name, ref in (("pre_process", self.pre_process), ("post_process", self.post_process)):
+            if ref is not None and (problem := _ref_form_problem(ref)):
+                problems.append(f"{name}: {problem}")
         if self.max_assistant_turns < 1:
             problems.append(f"max_assistant_turns must be >= 1, got {self.max_assistant_turns}")
         per_turn = self.max_response_tokens_per_turn
@@ -54,14 +74,10 @@ class AgentOptions:
             problems.append(f"pre_chat_template must start with {PROMPT_PLACEHOLDER} (the "
                             "context so far is kept token for token and the template appends "
                             f"to it), got {self.pre_chat_template!r}")
-        if self.chain_template is not None:
-            if not self.chain_template.startswith(CHAIN_PREFIX):
-                problems.append(f"chain_template must start with {CHAIN_PREFIX} (the parent "
-                                "sample's tokens are kept as they are and the template appends "
-                                f"to them), got {self.chain_template!r}")
-            if self.env is not None:
-                problems.append("chain_template with env is not supported yet: a chained "
-                                "rollout is single-turn; remove one of them")
+        if self.chain_template is not None and not self.chain_template.startswith(CHAIN_PREFIX):
+            problems.append(f"chain_template must start with {CHAIN_PREFIX} (the parent "
+                            "sample's tokens are kept as they are and the template appends "
+                            f"to them), got {self.chain_template!r}")
         return problems
 
     @property
@@ -69,6 +85,70 @@ class AgentOptions:
         return self.env is not None
 
 
+def _ref_form_problem(ref: str) -> str | None:
+    try:
+        parse_ref(ref)
+    except RefResolutionError as exc:
+        return str(exc)
+    return None
+
+
 def agent_options(node_id: str, options: Mapping[str, Any]) -> AgentOptions:
-    """The typed agent_options of one node; ConfigError naming the node on any problem."""
-    return build(AgentOptions, dict(options), source=f"node {node_id!r} agent_options")
+    """The typed agent_options of one node; ConfigError naming the node and every problem."""
+    where = f"node {node_id!r} agent_options"
+    problems = []
+    needs_env = sorted(set(options) & MULTI_TURN_KEYS)
+    if needs_env and options.get("env") is None:
+        problems.append(f"{', '.join(needs_env)}: only multi-turn rollouts read "
+                        f"{'this' if len(needs_env) == 1 else 'these'}, and env is not set; "
+                        "add env (e.g. 'math'), or remove them")
+    try:
+        typed = build(AgentOptions, dict(options))
+    except ConfigError as exc:
+        raise ConfigError(exc.problems + problems, source=where) from None
+    if problems:
+        raise ConfigError(problems, source=where)
+    return typed
+
+
+def is_rollout_node(node: Node) -> bool:
+    return node.node_type == NodeType.MODEL_INFERENCE and node.node_role == NodeRole.ROLLOUT
+
+
+def agent_node_problems(node: Node) -> list[str]:
+    """What is wrong with one node, agent-wise: it is ENV_INTERACT, or it carries
+    agent_options without being a ROLLOUT node, or its agent_options do not build."""
+    where = f"node {node.node_id!r}"
+    if node.node_type == NodeType.ENV_INTERACT:
+        return [f"{where} is ENV_INTERACT: environments are stepped inside the rollout (each "
+                "sample's turns run concurrently there); remove this node and set "
+                "agent_options.env (e.g. 'math', 'calculator' or 'module:Class') on the "
+                "ROLLOUT node"]
+    if not node.agent_options:
+        return []
+    if not is_rollout_node(node):
+        return [f"{where} ({node.node_type.name}, role {node.node_role.name}) has "
+                "agent_options, which only a ROLLOUT node (MODEL_INFERENCE) reads; move them to "
+                "the rollout node"]
+    try:
+        agent_options(node.node_id, node.agent_options)
+    except ConfigError as exc:
+        return [f"{where}: agent_options.{problem}" for problem in exc.problems]
+    return []
+
+
+def check_agent_nodes(graph: TaskGraph, source: str | None = None) -> None:
+    """ConfigError (INVALID_ARGUMENT) listing every node's `agent_node_problems`, and each
+    chained rollout (chain_template) none of whose dependencies is a ROLLOUT node; `source`
+    names the workflow in the message."""
+    problems = [problem for node in graph.nodes for problem in agent_node_problems(node)]
+    for node in graph.nodes:
+        is_chained = is_rollout_node(node) and node.agent_options.get("chain_template")
+        if is_chained and not any(is_rollout_node(graph[d]) for d in node.dependencies):
+            problems.append(
+                f"node {node.node_id!r}: agent_options.chain_template is set but none of its "
+                f"dependencies ({', '.join(node.dependencies) or 'none'}) is a ROLLOUT node: "
+                "a chained agent prompts with the previous agent's samples; add that agent's "
+                "ROLLOUT node to its dependencies, or remove chain_template")
+    if problems:
+        raise ConfigError(problems, source=source or f"workflow {graph.dag_id!r}")

@@ -147,5 +147,52 @@ def test_two_agent_chain_trains_both_agents(tiny_checkpoint: Path, tmp_path: Pat
     assert torch.equal(trained0.tensors["responses"], first.tensors["responses"])
 
 
+def test_two_agent_validation_runs_the_chain_with_val_sampling(tiny_checkpoint: Path,
+                                                                tmp_path: Path) -> None:
+    worker = make_worker(tiny_checkpoint, tmp_path, "two_agent")
+    worker.init_graph()
+    recorders = {node: Recorder(worker.executors[node])
+                 for node in ("agent0_rollout", "agent1_rollout", "reward")}
+    worker.executors.update(recorders)
+    summary = worker.validate(step=3)
+    first, second = recorders["agent0_rollout"].output, recorders["agent1_rollout"].output
+    assert first is not None and second is not None
+    # val_kwargs.n = 1: one sample per prompt and per agent-0 answer; the 8 val prompts
+    assert len(first) == len(second) == 8
+    assert second.columns["parent_uid"] == first.uids
+    assert all(uid.startswith("s0.val:") for uid in first.uids)
+    # the final reward is agent 1's: its answers are what validation scores
+    reducer, accuracy, weight = summary["val/agent1/arith/accuracy"]
+    assert reducer == "mean" and weight == 8
+    scores = recorders["reward"].output
+    assert scores is not None
+    assert accuracy == pytest.approx(float(scores.tensors["token_level_scores"].sum(1).mean()))
+    assert "val/agent1/response_length/mean" in summary
+    assert not any(name.startswith(("actor/", "agent0/actor", "tokens/")) for name in summary)
+
+
+def test_per_agent_rewards_train_and_validate_each_agent(tiny_checkpoint: Path,
+                                                         tmp_path: Path) -> None:
+    """`two_agent` with agent 0 scored by its own REWARD node instead of by lineage."""
+    workflow = load_workflow("two_agent").to_dict()
+    for node in workflow["nodes"]:
+        if node["node_id"] == "agent0_advantage":
+            node["dependencies"] = ["agent0_reward"]
+    workflow["nodes"].append({"node_id": "agent0_reward", "node_type": "COMPUTE",
+                              "node_role": "REWARD", "dependencies": ["agent0_rollout"]})
+    path = tmp_path / "per_agent.yaml"
+    path.write_text(yaml.safe_dump(workflow))
+    worker = make_worker(tiny_checkpoint, tmp_path, str(path))
+    worker.init_graph()
+    before = {agent: actor_params(worker, agent) for agent in (0, 1)}
+    summary = worker.run_step(1)
+    assert {"agent0/critic/score/mean", "agent1/critic/score/mean"} <= set(summary)
+    for agent in (0, 1):
+        after = actor_params(worker, agent)
+        assert any(not torch.equal(a, b) for a, b in zip(before[agent], after, strict=True))
+    validation = worker.validate()
+    assert {"val/agent0/arith/accuracy", "val/agent1/arith/accuracy"} <= set(validation)
+
+
 def contains(tokens: list[int], part: list[int]) -> bool:
     return any(tokens[i:i + len(part)] == part for i in range(len(tokens) - len(part) + 1))

@@ -1,4 +1,5 @@
-"""Multi-turn rollouts: processing and masks, the concurrent loop, the builder, a DAGWorker step."""
+"""Multi-turn rollouts: processing and masks, the concurrent loop, the builder, tool-call
+metrics, a DAGWorker step."""
 
 import asyncio
 import time
@@ -9,16 +10,20 @@ import pytest
 import torch
 import yaml
 
+from dagrl.algorithms import FixedKLController
 from dagrl.batch import Batch
+from dagrl.config import load_job_config
 from dagrl.data import make_dataset
 from dagrl.envs import AgentOptions, MathEnv, StepResult, agent_options
 from dagrl.errors import ConfigError
 from dagrl.models import build_char_tokenizer, load_tokenizer
 from dagrl.models.tokenizer import encode_chat_prompt
 from dagrl.workflow import Node, NodeRole, NodeType, load_workflow
-from dagrl_worker.builder import UnsupportedNodeError, build_executor
+from dagrl_worker.builder import build_executor
 from dagrl_worker.dag_worker import DAGWorker
-from dagrl_worker.executors.base import AgentModels
+from dagrl_worker.executors.base import AgentModels, StepContext
+from dagrl_worker.executors.multiturn import MultiTurnRolloutExecutor
+from dagrl_worker.metrics import MetricSink, merge
 from dagrl_worker.plan_view import colocated_plan
 from dagrl_worker.prompts import prompts_to_batch
 from dagrl_worker.rollout import HFRollout, SamplingParams
@@ -176,14 +181,46 @@ def node(**kw: Any) -> Node:
 
 def test_builder_validates_and_refuses_env_interact() -> None:
     models = AgentModels(tokenizer=TOKENIZER, rollout=object())  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="turns: unknown key"):
+    with pytest.raises(ConfigError, match=r"node 'n': agent_options\.turns: unknown key"):
         build_executor(node(agent_options={"env": "math", "turns": 3}), models, None, 1, None)
-    with pytest.raises(ConfigError, match="but no env"):
+    with pytest.raises(ConfigError, match="env is not set"):
         build_executor(node(agent_options={"max_assistant_turns": 3}), models, None, 1, None)
-    with pytest.raises(UnsupportedNodeError, match=r"agent_options\.env"):
+    with pytest.raises(ConfigError, match=r"is ENV_INTERACT.*agent_options\.env"):
         build_executor(Node("env", NodeType.ENV_INTERACT), models, None, 1, None)
+    with pytest.raises(ConfigError, match="only a ROLLOUT node"):
+        build_executor(Node("r", NodeType.COMPUTE, NodeRole.REWARD,
+                            agent_options={"env": "math"}), models, None, 1, None)
     executor = build_executor(node(agent_options={"env": "calculator"}), models, None, 1, None)
-    assert type(executor).__name__ == "MultiTurnRolloutExecutor"
+    assert isinstance(executor, MultiTurnRolloutExecutor)
+
+
+def calculator_reply(context: str) -> str:
+    """Calls the calculator as often as the prompt's `calls=<k>` says (the second call divides
+    by zero), then answers 12."""
+    wanted = int(context.split("calls=")[1][0])
+    results = context.count("<result>")
+    if results < wanted:
+        return "<tool>1/0</tool>" if results == 1 else "<tool>3*4</tool>"
+    return "12"
+
+
+def test_tool_calls_metric_counts_the_calls_the_env_ran(scripted_backend) -> None:
+    models = AgentModels(tokenizer=TOKENIZER, rollout=scripted_backend(calculator_reply))
+    executor = build_executor(node(agent_options={"env": "calculator"}), models, None, 1, None)
+    config = load_job_config(data={"data": {"max_response_length": 256},
+                                   "actor_rollout_ref": {"rollout": {"n": 2}}})
+    ctx = StepContext(step=1, rank=0, config=config, sink=MetricSink(),
+                      kl_controller=FixedKLController(0.0))
+    rows = {"prompt_ids": [ids(f"calls={k}") for k in (0, 1, 2)], "index": [0, 1, 2],
+            "ground_truth": ["12"] * 3, "data_source": ["arith"] * 3}
+    out = executor.run(prompts_to_batch(rows, TOKENIZER.pad_token_id, "c"), ctx)
+    assert out.columns["num_turns"] == [1, 1, 2, 2, 3, 3]  # k tool calls, then the answer
+    assert out.tensors["token_level_scores"].sum(dim=1).tolist() == [1.0] * 6
+    summary = ctx.sink.summary()
+    assert summary["tool/calls"][1] == 2 * (0 + 1 + 2)
+    assert summary["tool/errors"][1] == 2  # the second call of each calls=2 sample
+    assert summary["tool/calls_per_episode/mean"][1] == 1.0
+    assert merge([summary, summary])["tool/calls"] == 12  # summed over ranks
 
 
 # A user env from a file: the reward is the parity of the action's characters (so samples of

@@ -4,7 +4,8 @@ Every problem comes back as an InvalidInputError whose text is what a local `dag
 would print: the file name the client gave (`config_source`, `workflow_source`), the node and
 the key. The scheduler never reads a path the client names (it may run on another machine, and
 a request must not make it read its own files): a workflow that is not built in must arrive
-as `workflow_yaml`; the dagrl CLI sends it.
+as `workflow_yaml`; the dagrl CLI sends it. Nor does it import code a request names: refs
+(`executable_ref`, `agent_options.env`, hooks) are checked by form only.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import shutil
 from dataclasses import dataclass
 
 from dagrl.config import JobConfig, apply_overrides, build, parse_yaml_mapping
+from dagrl.envs import check_agent_nodes
 from dagrl.errors import InvalidInputError
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.workflow import TaskGraph, list_builtin_workflows, load_workflow, parse_workflow
@@ -31,6 +33,7 @@ def resolve_job(spec: scheduler_pb2.JobSpec, cluster: scheduler_pb2.ClusterSpec)
     """Validate the request's job; InvalidInputError (INVALID_ARGUMENT) says what to fix."""
     config = load_config(spec)
     graph, source = load_graph(spec, config)
+    check_agent_nodes(graph, source)
     resolved_cluster = cluster_from_proto(cluster) if cluster.nodes else cluster_from_config(
         config)
     return ResolvedJob(config, graph, source, resolved_cluster)

@@ -38,8 +38,8 @@ class DAGWorkerActor:
     def run_step(self, step: int, trace: dict[str, str] | None = None) -> Summary:
         return self.worker.run_step(step, trace)
 
-    def validate(self) -> Summary:
-        return self.worker.validate()
+    def validate(self, step: int) -> Summary:
+        return self.worker.validate(step)
 
     def save_checkpoint(self, step: int) -> str:
         return self.worker.save_checkpoint(step)

@@ -6,9 +6,9 @@ critic engine. `build_executor` maps each node to its executor by (type, role) w
 plain match: every node type the loader accepts either gets an executor here or a clear
 error naming the node. A ROLLOUT node whose `agent_options` name an `env` runs multi-turn
 episodes; one with `agent_options.chain_template` prompts with its parent ROLLOUT node's
-samples (the next agent of a multi-agent chain, `executors/chain.py`). ENV_INTERACT nodes
-are refused with a pointer to the `env` option (the env is stepped inside the rollout,
-where each sample's turns run concurrently).
+samples (the next agent of a multi-agent chain, `executors/chain.py`), single- or
+multi-turn. Agent options and ENV_INTERACT nodes are checked by `dagrl.envs`'
+`agent_node_problems`, the same check the scheduler runs on the whole workflow at plan time.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
 from dagrl.batch import Batch
 from dagrl.config import JobConfig, node_config
-from dagrl.envs import agent_options, env_factory
+from dagrl.envs import agent_node_problems, agent_options, env_factory
 from dagrl.errors import ConfigError, InvalidInputError
 from dagrl.models import load_tokenizer
 from dagrl.refs import resolve_ref
@@ -139,6 +139,9 @@ def _training_dp(nodes: list[Node], role: NodeRole,
 def build_executor(node: Node, models: AgentModels, config: JobConfig, target_groups: int,
                    group: dist.ProcessGroup | None) -> Executor:
     """The executor of one node (see the module docstring)."""
+    problems = agent_node_problems(node)
+    if problems:
+        raise ConfigError(problems)
     options = node_config(node.node_id, node.config)
     kind, role = node.node_type, node.node_role
     if node.executable_ref and kind in (NodeType.CUSTOM, NodeType.COMPUTE) and (
@@ -147,16 +150,6 @@ def build_executor(node: Node, models: AgentModels, config: JobConfig, target_gr
         return CustomExecutor(node.node_id, function)
     if kind == NodeType.MODEL_INFERENCE and role == NodeRole.ROLLOUT:
         return _rollout_executor(node, models, _need(models.rollout, node, "a rollout backend"))
-    if node.agent_options:
-        raise UnsupportedNodeError(
-            f"node {node.node_id!r} ({kind.name}, role {role.name}) has agent_options, which "
-            "only a ROLLOUT node (MODEL_INFERENCE) reads; move them to the rollout node")
-    if kind == NodeType.ENV_INTERACT:
-        raise UnsupportedNodeError(
-            f"node {node.node_id!r} is ENV_INTERACT: environments are stepped inside the "
-            "rollout (each sample's turns run concurrently there); remove this node and set "
-            "agent_options.env (e.g. 'math', 'calculator' or 'module:Class') on the ROLLOUT "
-            "node")
     if role == NodeRole.REWARD and kind == NodeType.COMPUTE:
         ref = options.reward_fn or config.reward.reward_fn or node.executable_ref
         score_fn = cast(Callable[..., float], resolve_ref(ref)) if ref else compute_score
@@ -188,21 +181,17 @@ def build_executor(node: Node, models: AgentModels, config: JobConfig, target_gr
 
 
 def _rollout_executor(node: Node, models: AgentModels, backend: RolloutBackend) -> Executor:
-    """Single-turn, or multi-turn episodes when the node's agent_options name an env."""
+    """Single-turn, or multi-turn episodes when the node's agent_options name an env; wrapped
+    by the chain executor when they set a chain_template."""
     options = agent_options(node.node_id, node.agent_options)
-    if options.chain_template is not None:
-        return ChainRolloutExecutor(node.node_id, node.agent_group, backend, models.tokenizer,
-                                    options.chain_template)
-    if not options.is_multi_turn:
-        if node.agent_options:
-            raise ConfigError(f"node {node.node_id!r} agent_options set "
-                              f"{sorted(node.agent_options)} but no env; add env (e.g. "
-                              "'math') for multi-turn rollouts, chain_template for the next "
-                              "agent of a chain, or remove them")
-        return RolloutExecutor(backend)
-    assert options.env is not None
-    make_env = env_factory(options.env, options.max_assistant_turns)
-    return MultiTurnRolloutExecutor(backend, models.tokenizer, options, make_env)
+    rollout: Executor = RolloutExecutor(backend)
+    if options.env is not None:
+        make_env = env_factory(options.env, options.max_assistant_turns)
+        rollout = MultiTurnRolloutExecutor(backend, models.tokenizer, options, make_env)
+    if options.chain_template is None:
+        return rollout
+    return ChainRolloutExecutor(node.node_id, node.agent_group, models.tokenizer,
+                                options.chain_template, rollout)
 
 
 def _need(value: Any, node: Node, what: str) -> Any:

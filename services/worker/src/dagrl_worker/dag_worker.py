@@ -43,7 +43,7 @@ from dagrl_worker.prompts import dp_slice, prompts_to_batch
 from dagrl_worker.rollout import HFRollout
 from dagrl_worker.spec import WorkerSpec
 from dagrl_worker.training.parallel import DataParallel
-from dagrl_worker.validation import validate_rollouts
+from dagrl_worker.validation import validate_workflow
 from dagrl_worker.weight_sync import (
     SyncGroup,
     broadcast_weights,
@@ -147,7 +147,7 @@ class DAGWorker:
         ctx = StepContext(step, self.rank, self.config, sink, self.kl_controller,
                           regenerate=lambda node_id, rnd: self._regenerate(step, node_id, rnd))
         with telemetry.step_span(step, self.spec.job_id, parent=trace) as span:
-            self._walk(step, ctx, global_prompts, self.order)
+            self.walk(ctx, global_prompts, self.order, self.router)
             self._sync_weights()
             span.add_tokens(int(sink.value("tokens/generated")))
         self.router.clear()
@@ -163,20 +163,24 @@ class DAGWorker:
         tokenizer = self.models[self.graph[node_id].agent_group].tokenizer
         return prompts_to_batch(rows, tokenizer.pad_token_id, f"s{step}{tag}")
 
-    def _walk(self, step: int, ctx: StepContext, global_prompts: dict[str, list],
-              nodes: list[str]) -> None:
+    def walk(self, ctx: StepContext, global_prompts: dict[str, list], nodes: list[str],
+             router: EdgeRouter, tag: str = "") -> None:
+        """Run `nodes` (this rank's, in topological order) once: entry nodes take their dp
+        share of `global_prompts` (uids tagged `s<step><tag>`), the rest their parents'
+        outputs through `router`, keyed by `ctx.step`."""
+        step = ctx.step
         for node_id in nodes:
             if self.graph.parents(node_id):
-                batch = self.router.inputs(step, node_id)
+                batch = router.inputs(step, node_id)
             else:
-                batch = self._entry_input(node_id, step, global_prompts, "")
+                batch = self._entry_input(node_id, step, global_prompts, tag)
             started = time.perf_counter()
             node = self.graph[node_id]
             with telemetry.node_span(node_id, deps=node.dependencies) as span:
                 span.set_batch_size(len(batch))
                 output = self.executors[node_id].run(batch, self._node_context(ctx, node_id))
             ctx.sink.add(f"timing_s/{node_id}", time.perf_counter() - started, Reduce.MAX)
-            self.router.publish(step, node_id, output)
+            router.publish(step, node_id, output)
 
     def _node_context(self, ctx: StepContext, node_id: str) -> StepContext:
         """`ctx` for one node: in a multi-agent workflow its metrics go under `agent{g}/`."""
@@ -227,9 +231,11 @@ class DAGWorker:
         parents = self.graph.parents(node_id)
         return join_by_uid([outputs[p] for p in parents])
 
-    def validate(self) -> Summary:
+    def validate(self, step: int = 0) -> Summary:
+        """A validation pass after training step `step` (0: before training); every rank
+        takes part (`validation.validate_workflow`)."""
         assert self.prompts_source is not None
-        return validate_rollouts(self, self.prompts_source)
+        return validate_workflow(self, self.prompts_source, step)
 
     def flush_telemetry(self) -> bool:
         """Export every span still queued (the driver calls this before stopping the rank)."""

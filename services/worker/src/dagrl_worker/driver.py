@@ -192,7 +192,7 @@ class Driver:
         return metrics
 
     def _validate(self, workers: list[Any], step: int) -> None:
-        metrics = merge(ray.get([w.validate.remote() for w in workers]))
+        metrics = merge(ray.get([w.validate.remote(step) for w in workers]))
         if metrics:
             self.outcome.history.append({"val_step": float(step), **metrics})
             self.tracker.log(metrics, step)

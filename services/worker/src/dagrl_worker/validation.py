@@ -1,60 +1,90 @@
-"""Validation: generate on the validation prompts with the val sampling parameters and
-score them, per data source. Each rank validates its dp share; the driver merges the
-per-rank summaries (weighted by sample and prompt counts), so the figures are exact
-means over the whole validation set."""
+"""Validation: the workflow's rollout part, run on the validation prompts and scored.
+
+The validation pass runs the nodes upstream of the final REWARD nodes (those with no REWARD
+node after them) and those reward nodes: the rollout, every agent of a chain, multi-turn
+episodes with their environments — the same executors as training, with the val sampling
+parameters (`StepContext.validating`). Data moves as in training: through the local cache
+or, between layouts (agents spread over ranks), through the databuffer, in a namespace of its
+own (`<job>.val<step>`) so it never meets a training step's edges.
+
+The validation set goes through in chunks of about `CHUNK_PROMPTS` prompts; every rank walks
+every chunk (a chunk's entry nodes take their dp share of it). The ranks that hold a final
+reward node record `val/<data_source>/{accuracy, mean@n, best@n}` (under `val/agent{g}/`
+when the workflow has several agents) and the rollouts' `num_turns/`, `response_length/`,
+`tool/` figures under `val/`; the driver merges the per-rank summaries (weighted by sample
+and prompt counts), so the figures are exact means over the whole validation set.
+"""
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
 import torch
 
 from dagrl.batch import Batch
-from dagrl.workflow import NodeRole
+from dagrl.workflow import NodeRole, TaskGraph
+from dagrl_worker.dataflow import EdgeRouter
 from dagrl_worker.executors.base import StepContext
-from dagrl_worker.executors.compute import RewardExecutor
-from dagrl_worker.executors.models import RolloutExecutor, val_sampling
+from dagrl_worker.executors.models import val_sampling
 from dagrl_worker.metrics import MetricSink, Reduce, Summary
 from dagrl_worker.prompt_source import PromptSource
-from dagrl_worker.prompts import prompts_to_batch
 
 if TYPE_CHECKING:
     from dagrl_worker.dag_worker import DAGWorker
 
-_CHUNK_PROMPTS = 64
+CHUNK_PROMPTS = 64
+# the rollout figures a validation pass reports (under val/); the rest stay training's
+_REPORTED = ("num_turns/", "response_length/", "tool/")
 
 
-def validate_rollouts(worker: DAGWorker, source: PromptSource) -> Summary:
-    """Metric summary `val/<data_source>/{accuracy, mean@n, best@n}` of this rank's share."""
+def final_rewards(graph: TaskGraph) -> list[str]:
+    """REWARD nodes with no REWARD node downstream: what a validation pass scores."""
+    rewards = [n for n in graph.topological_order() if graph[n].node_role == NodeRole.REWARD]
+    return [n for n in rewards
+            if not any(graph[d].node_role == NodeRole.REWARD for d in graph.descendants(n))]
+
+
+def validation_nodes(graph: TaskGraph) -> set[str]:
+    """The final reward nodes and every node upstream of them."""
+    finals = final_rewards(graph)
+    return {*finals, *(a for n in finals for a in graph.ancestors(n))}
+
+
+def validate_workflow(worker: DAGWorker, source: PromptSource, step: int) -> Summary:
+    """This rank's part of a validation pass after training step `step` (0: before any)."""
     sink = MetricSink()
-    rollout_node = _first_node(worker, NodeRole.ROLLOUT)
-    reward_node = _first_node(worker, NodeRole.REWARD)
-    if rollout_node is None or reward_node is None:
+    wanted = validation_nodes(worker.graph)
+    order = [n for n in worker.order if n in wanted]
+    rows = source.val_rows(0, 1)
+    if not wanted or not rows:
         return sink.summary()
-    layout = worker.plan.layout(rollout_node)
-    rows = source.val_rows(layout.dp_rank(worker.rank), layout.dp_size)
-    if not rows:
-        return sink.summary()
-    rollout = worker.executors[rollout_node]
-    reward = worker.executors[reward_node]
-    assert isinstance(rollout, RolloutExecutor) and isinstance(reward, RewardExecutor)
-    params = val_sampling(worker.config)
-    tokenizer = worker.models[worker.graph[rollout_node].agent_group].tokenizer
-    ctx = StepContext(0, worker.rank, worker.config, MetricSink(), worker.kl_controller)
-    scored = []
+    router = EdgeRouter(worker.graph, worker.plan, worker.rank, f"{worker.spec.job_id}.val{step}",
+                        worker.store, balance_batch=False)
+    finals = [n for n in final_rewards(worker.graph) if n in order]
+    scored: dict[str, list[Batch]] = {n: [] for n in finals}
+    scratch = MetricSink()
     count = len(rows["index"])
-    for start in range(0, count, _CHUNK_PROMPTS):
-        chunk = {k: v[start:start + _CHUNK_PROMPTS] for k, v in rows.items()}
-        prompts = prompts_to_batch(chunk, tokenizer.pad_token_id, "val")
-        scored.append(reward.run(rollout.backend.generate(prompts, params), ctx))
-    _record(sink, scored, params.n)
+    chunks = max(1, math.ceil(count / CHUNK_PROMPTS))
+    for chunk in range(chunks):
+        start, stop = chunk * count // chunks, (chunk + 1) * count // chunks
+        prompts = {key: values[start:stop] for key, values in rows.items()}
+        ctx = StepContext(chunk, worker.rank, worker.config, scratch, worker.kl_controller,
+                          validating=True)
+        worker.walk(ctx, prompts, order, router, tag=".val")
+        for node_id in finals:
+            scored[node_id].append(router.local[node_id])
+        router.clear()
+    n = val_sampling(worker.config).n
+    for node_id, batches in scored.items():
+        agent = worker.graph[node_id].agent_group
+        _record(sink.scoped(f"val/agent{agent}/" if worker.is_multi_agent else "val/"),
+                batches, n)
+    for name, (reducer, value, weight) in scratch.summary().items():
+        if name.startswith(_REPORTED) or name.split("/", 1)[-1].startswith(_REPORTED):
+            sink.add(f"val/{name}", value, Reduce(reducer), weight)
     return sink.summary()
-
-
-def _first_node(worker: DAGWorker, role: NodeRole) -> str | None:
-    return next((n for n in worker.order if worker.graph[n].node_role == role
-                 and worker.graph[n].agent_group == 0), None)
 
 
 def _record(sink: MetricSink, batches: list[Batch], n: int) -> None:
@@ -68,8 +98,8 @@ def _record(sink: MetricSink, batches: list[Batch], n: int) -> None:
             by_group[(source, group)].append(score)
     for source, scores in by_source.items():
         mean = float(torch.tensor(scores).mean())
-        sink.add(f"val/{source}/accuracy", mean, Reduce.MEAN, weight=len(scores))
-        sink.add(f"val/{source}/mean@{n}", mean, Reduce.MEAN, weight=len(scores))
+        sink.add(f"{source}/accuracy", mean, Reduce.MEAN, weight=len(scores))
+        sink.add(f"{source}/mean@{n}", mean, Reduce.MEAN, weight=len(scores))
         bests = [max(v) for (s, _g), v in by_group.items() if s == source]
-        sink.add(f"val/{source}/best@{n}", sum(bests) / len(bests), Reduce.MEAN,
+        sink.add(f"{source}/best@{n}", sum(bests) / len(bests), Reduce.MEAN,
                  weight=len(bests))

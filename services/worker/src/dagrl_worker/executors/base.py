@@ -52,6 +52,8 @@ class StepContext:
     # dynamic sampling draws more prompts this way); set by the DAGWorker.
     regenerate: Callable[[str, int], Batch] | None = None
     dp: DataParallel = field(default_factory=DataParallel)
+    # a validation pass: rollouts sample with the val parameters (`models.rollout_sampling`)
+    validating: bool = False
 
 
 class Executor(Protocol):

@@ -37,12 +37,17 @@ def val_sampling(config: JobConfig) -> SamplingParams:
                           top_p=val.top_p, top_k=val.top_k)
 
 
+def rollout_sampling(ctx: StepContext) -> SamplingParams:
+    """The sampling parameters of a rollout in this context: training's or validation's."""
+    return val_sampling(ctx.config) if ctx.validating else train_sampling(ctx.config)
+
+
 class RolloutExecutor:
     def __init__(self, backend: RolloutBackend) -> None:
         self.backend = backend
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
-        params = train_sampling(ctx.config)
+        params = rollout_sampling(ctx)
         with telemetry.phase_span(telemetry.SPAN_ROLLOUT_GENERATE) as span, ctx.sink.compute():
             out = self.backend.generate(batch, params)
             lengths = out.tensors["response_mask"].sum(dim=1).float()  # [B]

@@ -1,8 +1,11 @@
 """The executor of a ROLLOUT node with `agent_options.env`: multi-turn episodes.
 
-Same input and output layout as `RolloutExecutor` (n samples per prompt, the single-turn
-columns), plus `num_turns` and `token_level_scores` (the env's episode reward), which the
-REWARD node keeps (see `RewardExecutor`). The loop itself is `rollout/multiturn.py`.
+Same input and output layout as `RolloutExecutor` (n samples per prompt, the input's columns
+with uids derived the same way), plus `num_turns` and `token_level_scores` (the env's episode
+reward), which the REWARD node keeps (see `RewardExecutor`). The loop itself is
+`rollout/multiturn.py`. Metrics: `num_turns/*`, `response_length/*` (policy tokens only), and
+the tool calls the envs reported: `tool/calls` and `tool/errors` (sums over samples and
+ranks), `tool/calls_per_episode/mean`.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ from dagrl import telemetry
 from dagrl.batch import Batch
 from dagrl.envs import AgentOptions, Environment
 from dagrl_worker.executors.base import StepContext
-from dagrl_worker.executors.models import train_sampling
+from dagrl_worker.executors.models import rollout_sampling
 from dagrl_worker.metrics import Reduce
 from dagrl_worker.rollout import RolloutBackend
 from dagrl_worker.rollout.multiturn import (
+    Episode,
     TurnLimits,
     backend_generate_fn,
     episodes_to_batch,
@@ -39,7 +43,7 @@ class MultiTurnRolloutExecutor:
         self.processor = TurnProcessor(tokenizer, options)
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
-        params = train_sampling(ctx.config)
+        params = rollout_sampling(ctx)
         width = ctx.config.data.max_response_length
         limits = TurnLimits(self.options.max_assistant_turns,
                             self.options.max_response_tokens_per_turn or width, width)
@@ -57,14 +61,22 @@ class MultiTurnRolloutExecutor:
             span.set_batch_size(len(out))
             span.add_tokens(int(policy_tokens.sum()))
         if episodes:
-            self._add_metrics(ctx, [e.num_turns for e in episodes], policy_tokens)
+            self._add_metrics(ctx, episodes, policy_tokens)
         return out
 
     @staticmethod
-    def _add_metrics(ctx: StepContext, turns: list[int], policy_tokens: torch.Tensor) -> None:
-        ctx.sink.add("num_turns/mean", sum(turns) / len(turns), Reduce.MEAN, weight=len(turns))
+    def _add_metrics(ctx: StepContext, episodes: list[Episode],
+                     policy_tokens: torch.Tensor) -> None:
+        count = len(episodes)
+        turns = [e.num_turns for e in episodes]
+        tool_calls = sum(e.tool_calls for e in episodes)
+        ctx.sink.add("num_turns/mean", sum(turns) / count, Reduce.MEAN, weight=count)
         ctx.sink.add("num_turns/max", float(max(turns)), Reduce.MAX)
+        ctx.sink.add("tool/calls", tool_calls, Reduce.SUM)
+        ctx.sink.add("tool/errors", sum(e.tool_errors for e in episodes), Reduce.SUM)
+        ctx.sink.add("tool/calls_per_episode/mean", tool_calls / count, Reduce.MEAN,
+                     weight=count)
         ctx.sink.add("response_length/mean", float(policy_tokens.mean()), Reduce.MEAN,
-                     weight=len(turns))
+                     weight=count)
         ctx.sink.add("response_length/max", float(policy_tokens.max()), Reduce.MAX)
         ctx.sink.add("tokens/generated", float(policy_tokens.sum()), Reduce.SUM)

@@ -12,7 +12,11 @@ waits until every live sample asks), used by `bench/multiturn.py`.
 `episodes_to_batch` lays the episodes out exactly like a single-turn rollout
 (`rollout/base.py`): `responses` is the whole continuation after the prompt, with
 `response_mask` 1 only on the policy's tokens (template and env tokens are 0), plus
-`token_level_scores` (the episode reward on the last policy token) and `num_turns`.
+`token_level_scores` (the episode reward on the last policy token) and `num_turns`. It keeps
+every column of `samples` as they are: uids derived for n samples per prompt exactly as a
+single-turn backend derives them (`Batch.repeat_interleave`), chain lineage (`parent_uid`)
+included. Each `Episode` also counts the tool calls (and failed ones) its env reported in
+`StepResult.info` (`dagrl.envs.TOOL_CALLS`, `TOOL_ERRORS`).
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ from typing import Any, Protocol
 import torch
 
 from dagrl.batch import Batch
-from dagrl.envs import Environment, Trajectory, episode_reward
+from dagrl.envs import TOOL_CALLS, TOOL_ERRORS, Environment, Trajectory, episode_reward
 from dagrl_worker.prompts import prompts_to_batch
 from dagrl_worker.rollout.base import RolloutBackend, SamplingParams, rollout_batch
 from dagrl_worker.rollout.processing import TurnProcessor
+
+NUM_TURNS = "num_turns"  # the column of assistant turns per sample
 
 
 class GenerateFn(Protocol):
@@ -65,6 +71,8 @@ class Episode:
     response_mask: list[int] = field(default_factory=list)  # 1 on policy tokens
     num_turns: int = 0
     reward: float = 0.0
+    tool_calls: int = 0  # summed over steps from StepResult.info (TOOL_CALLS)
+    tool_errors: int = 0  # likewise (TOOL_ERRORS)
 
 
 class TurnBatcher:
@@ -138,6 +146,8 @@ async def run_episode(sample: dict[str, Any], prompt_ids: list[int], env: Enviro
             result = await env.step(action, str(sample.get("ground_truth", "")))
             trajectory.actions.append(action)
             trajectory.results.append(result)
+            episode.tool_calls += result.count(TOOL_CALLS)
+            episode.tool_errors += result.count(TOOL_ERRORS)
             if result.done or episode.num_turns >= limits.max_assistant_turns:
                 break
             context = _context(episode)
@@ -201,4 +211,4 @@ def episodes_to_batch(samples: Batch, episodes: list[Episode], pad_token_id: int
             scores[i, int(policy_positions[-1])] = episode.reward
     out = rollout_batch(samples, responses, response_mask, is_real,
                         extra={"token_level_scores": scores})
-    return out.with_fields(columns={"num_turns": [e.num_turns for e in episodes]})
+    return out.with_fields(columns={NUM_TURNS: [e.num_turns for e in episodes]})
