@@ -32,8 +32,8 @@ class DAGWorkerActor:
     def setup_distributed(self, master_addr: str, master_port: int) -> None:
         self.worker.setup_distributed(master_addr, master_port)
 
-    def init_graph(self, restarting: bool) -> tuple[int, int]:
-        return self.worker.init_graph(restarting=restarting)
+    def init_graph(self, attempt: int) -> tuple[int, int]:
+        return self.worker.init_graph(attempt)
 
     def run_step(self, step: int, trace: dict[str, str] | None = None) -> Summary:
         return self.worker.run_step(step, trace)

@@ -4,7 +4,7 @@ Plain Python (Ray wraps it in `actors.py`), so a test can drive it directly. Its
 methods are the whole protocol the driver uses, in this order:
 
     setup_distributed(master_addr, master_port)  process groups, as the plan lists them
-    init_graph()                                 models, executors, checkpoint load
+    init_graph(attempt)                          models, executors, checkpoint load
     run_step(step)                               one training step -> metric summary
     validate()                                   validation -> metric summary
     save_checkpoint(step)                        collective, atomic
@@ -71,6 +71,7 @@ class DAGWorker:
         self.checkpoint_root = Path(spec.checkpoint_dir)
         self.prompts_source: PromptSource | None = None
         self.total_steps = 0
+        self.data_job = spec.job_id  # set per attempt by init_graph
         self.weight_syncs: list[tuple[SyncGroup, dist.ProcessGroup | None]] = []
         torch.manual_seed(self.config.trainer.seed * 1000 + rank)
         services = self.config.services
@@ -101,13 +102,17 @@ class DAGWorker:
         return DataParallel(self.groups[group.name], group.ranks.index(self.rank),
                             len(group.ranks))
 
-    def init_graph(self, restarting: bool = False) -> tuple[int, int]:
-        """Build data, models and executors; resume if configured (or, when `restarting`
-        after a failure, from the latest committed checkpoint whatever resume_mode says).
+    def init_graph(self, attempt: int = 0) -> tuple[int, int]:
+        """Build data, models and executors; resume if configured (or, on restart `attempt`
+        > 0 after a failure, from the latest committed checkpoint whatever resume_mode says).
+
+        Each attempt moves its data in a databuffer namespace of its own (`data_namespace`):
+        shards a failed attempt left behind are never read as this attempt's.
 
         Returns (first step to run, total training steps).
         """
-        resume = self._latest_folder() if restarting else self._resume_folder()
+        resume = self._latest_folder() if attempt else self._resume_folder()
+        self.data_job = data_namespace(self.spec.job_id, attempt)
         policy_path = self.config.actor_rollout_ref.model.path
         tokenizer = load_tokenizer(policy_path)
         self.prompts_source = PromptSource(self.config, tokenizer)
@@ -124,7 +129,7 @@ class DAGWorker:
             self.executors[node_id] = build_executor(
                 node, self.models[node.agent_group], self.config,
                 self._target_groups(node_id), self.groups.get(group.name) if group else None)
-        self.router = EdgeRouter(self.graph, self.plan, self.rank, self.spec.job_id,
+        self.router = EdgeRouter(self.graph, self.plan, self.rank, self.data_job,
                                  self.store, balance_batch=self.config.trainer.balance_batch)
         first_step = self._load_checkpoint(resume) if resume else 1
         return first_step, self.total_steps
@@ -308,6 +313,11 @@ def _receiving_state(models: AgentModels, role: NodeRole) -> dict[str, torch.Ten
         return models.actor.inner.state_dict()
     assert isinstance(models.rollout, HFRollout)
     return models.rollout.module.state_dict()
+
+
+def data_namespace(job_id: str, attempt: int) -> str:
+    """The job id a run attempt's shards are stored under (`<job>`, then `<job>.r<attempt>`)."""
+    return job_id if attempt == 0 else f"{job_id}.r{attempt}"
 
 
 def total_training_steps(config: JobConfig, batches_per_epoch: int) -> int:

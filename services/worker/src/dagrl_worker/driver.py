@@ -89,11 +89,11 @@ class Driver:
             self.telemetry.shutdown()
 
     def _run_with_restarts(self) -> JobOutcome:
-        restarts, restarting = 0, False
+        restarts = 0
         while True:
             workers, group = self._start_workers()
             try:
-                self._train(workers, restarting)
+                self._train(workers, attempt=restarts)
                 self.outcome.state = JobState.SUCCEEDED
                 return self.outcome
             except JobCancelled:
@@ -113,7 +113,6 @@ class Driver:
                     self.outcome.reason = (f"a worker died {restarts} times; last: "
                                            f"{_short(exc)}")
                     return self.outcome
-                restarting = True
             finally:
                 _stop_workers(workers, group)
 
@@ -139,10 +138,10 @@ class Driver:
         self.actors = workers
         return workers, group
 
-    def _train(self, workers: list[Any], restarting: bool) -> None:
+    def _train(self, workers: list[Any], attempt: int) -> None:
         addr, port = ray.get(workers[0].master_endpoint.remote())
         ray.get([w.setup_distributed.remote(addr, port) for w in workers])
-        starts = ray.get([w.init_graph.remote(restarting) for w in workers])
+        starts = ray.get([w.init_graph.remote(attempt) for w in workers])
         first_step, total = starts[0]
         self.total_steps = total
         trainer = self.config.trainer

@@ -5,7 +5,7 @@ node after them) and those reward nodes: the rollout, every agent of a chain, mu
 episodes with their environments — the same executors as training, with the val sampling
 parameters (`StepContext.validating`). Data moves as in training: through the local cache
 or, between layouts (agents spread over ranks), through the databuffer, in a namespace of its
-own (`<job>.val<step>`) so it never meets a training step's edges.
+own (`<job>.val<step>`, per run attempt) so it never meets a training step's edges.
 
 The validation set goes through in chunks of about `CHUNK_PROMPTS` prompts; every rank walks
 every chunk (a chunk's entry nodes take their dp share of it). The ranks that hold a final
@@ -60,7 +60,7 @@ def validate_workflow(worker: DAGWorker, source: PromptSource, step: int) -> Sum
     rows = source.val_rows(0, 1)
     if not wanted or not rows:
         return sink.summary()
-    router = EdgeRouter(worker.graph, worker.plan, worker.rank, f"{worker.spec.job_id}.val{step}",
+    router = EdgeRouter(worker.graph, worker.plan, worker.rank, f"{worker.data_job}.val{step}",
                         worker.store, balance_batch=False)
     finals = [n for n in final_rewards(worker.graph) if n in order]
     scored: dict[str, list[Batch]] = {n: [] for n in finals}
