@@ -8,8 +8,10 @@ import yaml
 
 from dagrl.batch import Batch
 from dagrl.data import make_dataset
+from dagrl.errors import InvalidInputError
 from dagrl.workflow import load_workflow
 from dagrl_worker.dag_worker import DAGWorker
+from dagrl_worker.dataflow import lineage_link
 from dagrl_worker.executors.base import Executor, StepContext
 from dagrl_worker.plan_view import colocated_plan
 from dagrl_worker.spec import WorkerSpec
@@ -205,6 +207,94 @@ def test_per_agent_rewards_train_and_validate_each_agent(tiny_checkpoint: Path,
         assert any(not torch.equal(a, b) for a, b in zip(before[agent], after, strict=True))
     validation = worker.validate()
     assert {"val/agent0/arith/accuracy", "val/agent1/arith/accuracy"} <= set(validation)
+
+
+THREE_AGENTS = """
+dag_id: three_agent
+nodes:
+  - {node_id: a0, node_type: MODEL_INFERENCE, node_role: ROLLOUT, agent_group: 0}
+  - {node_id: a1, node_type: MODEL_INFERENCE, node_role: ROLLOUT, agent_group: 1,
+     dependencies: [a0], agent_options: {chain_template: "${prompt}${response}\\nagain:"}}
+  - {node_id: a2, node_type: MODEL_INFERENCE, node_role: ROLLOUT, agent_group: 2,
+     dependencies: [a1], agent_options: {chain_template: "${prompt}${response}\\nfinal:"}}
+  - {node_id: reward, node_type: COMPUTE, node_role: REWARD, agent_group: 2, dependencies: [a2]}
+  - {node_id: adv2, node_type: COMPUTE, node_role: ADVANTAGE, agent_group: 2,
+     dependencies: [reward]}
+  - {node_id: adv1, node_type: COMPUTE, node_role: ADVANTAGE, agent_group: 1,
+     dependencies: [a1, reward]}
+  - {node_id: adv0, node_type: COMPUTE, node_role: ADVANTAGE, agent_group: 0,
+     dependencies: [a0, adv1]}
+  - {node_id: old2, node_type: MODEL_TRAIN, node_role: ACTOR, agent_group: 2,
+     only_forward_compute: true, dependencies: [adv2]}
+  - {node_id: ref2, node_type: MODEL_TRAIN, node_role: REFERENCE, agent_group: 2,
+     dependencies: [old2]}
+  - {node_id: train2, node_type: MODEL_TRAIN, node_role: ACTOR, agent_group: 2,
+     dependencies: [ref2]}
+  - {node_id: old1, node_type: MODEL_TRAIN, node_role: ACTOR, agent_group: 1,
+     only_forward_compute: true, dependencies: [adv1]}
+  - {node_id: ref1, node_type: MODEL_TRAIN, node_role: REFERENCE, agent_group: 1,
+     dependencies: [old1]}
+  - {node_id: train1, node_type: MODEL_TRAIN, node_role: ACTOR, agent_group: 1,
+     dependencies: [ref1]}
+  - {node_id: old0, node_type: MODEL_TRAIN, node_role: ACTOR, agent_group: 0,
+     only_forward_compute: true, dependencies: [adv0]}
+  - {node_id: ref0, node_type: MODEL_TRAIN, node_role: REFERENCE, agent_group: 0,
+     dependencies: [old0]}
+  - {node_id: train0, node_type: MODEL_TRAIN, node_role: ACTOR, agent_group: 0,
+     dependencies: [ref0]}
+"""
+
+
+def test_a_three_agent_chain_passes_scores_back_two_levels(tiny_checkpoint: Path,
+                                                            tmp_path: Path) -> None:
+    """Agent 2's reward reaches agent 1's samples by lineage, and from agent 1's scored
+    samples agent 0's: each agent-0 sample gets the mean over its agent-1 children of their
+    children's mean."""
+    path = tmp_path / "three_agent.yaml"
+    path.write_text(THREE_AGENTS)
+    worker = make_worker(tiny_checkpoint, tmp_path, str(path))
+    # the edges that join a later agent's samples to the samples they answer
+    assert lineage_link(worker.graph, "reward", "adv1") == ("a1", "a2")
+    assert lineage_link(worker.graph, "adv1", "adv0") == ("a0", "a1")
+    assert lineage_link(worker.graph, "reward", "adv2") is None
+    assert lineage_link(worker.graph, "a0", "adv0") is None
+    worker.init_graph()
+    recorders = {node: Recorder(worker.executors[node]) for node in ("reward", "adv1", "adv0")}
+    worker.executors.update(recorders)
+    before = {agent: actor_params(worker, agent) for agent in (0, 1, 2)}
+    summary = worker.run_step(1)
+    assert {f"agent{a}/actor/pg_loss" for a in (0, 1, 2)} <= set(summary)
+    for agent in (0, 1, 2):
+        after = actor_params(worker, agent)
+        assert any(not torch.equal(a, b) for a, b in zip(before[agent], after, strict=True))
+    rewarded, scored1, scored0 = (recorders[n].output for n in ("reward", "adv1", "adv0"))
+    assert rewarded is not None and scored1 is not None and scored0 is not None
+    assert len(scored0) * 4 == len(scored1) * 2 == len(rewarded)  # n = 2 at every level
+    final = dict(zip(rewarded.uids, rewarded.tensors["token_level_scores"].sum(1).tolist(),
+                     strict=True))
+    middle = {uid: sum(final[f"{uid}|a2/{k}"] for k in range(2)) / 2 for uid in scored1.uids}
+    assert scored1.tensors["token_level_scores"].sum(1).tolist() == pytest.approx(
+        [middle[uid] for uid in scored1.uids])
+    first = [sum(middle[f"{uid}|a1/{k}"] for k in range(2)) / 2 for uid in scored0.uids]
+    assert scored0.tensors["token_level_scores"].sum(1).tolist() == pytest.approx(first)
+    assert "val/agent2/arith/accuracy" in worker.validate()
+
+
+def test_a_field_no_upstream_node_adds_is_a_workflow_error(tiny_checkpoint: Path,
+                                                             tmp_path: Path) -> None:
+    workflow = load_workflow("grpo").to_dict()
+    workflow["nodes"] = [n for n in workflow["nodes"] if n["node_id"] != "old_log_prob"]
+    for node in workflow["nodes"]:
+        if node["node_id"] == "ref_log_prob":
+            node["dependencies"] = ["advantage"]
+    path = tmp_path / "no_old_log_prob.yaml"
+    path.write_text(yaml.safe_dump(workflow))
+    worker = make_worker(tiny_checkpoint, tmp_path, str(path))
+    worker.init_graph()
+    with pytest.raises(InvalidInputError, match=r"node 'actor_train' reads field "
+                       r"'old_log_probs'.*add an ACTOR node \(MODEL_TRAIN\) with "
+                       r"only_forward_compute: true upstream"):
+        worker.run_step(1)
 
 
 def contains(tokens: list[int], part: list[int]) -> bool:

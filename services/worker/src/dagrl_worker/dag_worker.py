@@ -29,6 +29,7 @@ from dagrl import telemetry
 from dagrl.algorithms import AdaptiveKLController, FixedKLController, KLController
 from dagrl.batch import Batch
 from dagrl.config import JobConfig
+from dagrl.errors import InvalidInputError
 from dagrl.models import load_tokenizer
 from dagrl.workflow import NodeRole
 from dagrl_worker import checkpoint
@@ -183,7 +184,8 @@ class DAGWorker:
             node = self.graph[node_id]
             with telemetry.node_span(node_id, deps=node.dependencies) as span:
                 span.set_batch_size(len(batch))
-                output = self.executors[node_id].run(batch, self._node_context(ctx, node_id))
+                output = run_node(self.executors[node_id], node_id, batch,
+                                  self._node_context(ctx, node_id))
             ctx.sink.add(f"timing_s/{node_id}", time.perf_counter() - started, Reduce.MAX)
             router.publish(step, node_id, output)
 
@@ -232,7 +234,7 @@ class DAGWorker:
             parents = self.graph.parents(upstream_id)
             batch = (join_by_uid([outputs[p] for p in parents]) if parents
                      else self._entry_input(upstream_id, step, rows, tag, is_global=False))
-            outputs[upstream_id] = self.executors[upstream_id].run(batch, ctx)
+            outputs[upstream_id] = run_node(self.executors[upstream_id], upstream_id, batch, ctx)
         parents = self.graph.parents(node_id)
         return join_by_uid([outputs[p] for p in parents])
 
@@ -313,6 +315,33 @@ def _receiving_state(models: AgentModels, role: NodeRole) -> dict[str, torch.Ten
         return models.actor.inner.state_dict()
     assert isinstance(models.rollout, HFRollout)
     return models.rollout.module.state_dict()
+
+
+# The node that adds each field the built-in executors read, for "missing field" errors.
+_PRODUCED_BY = {
+    "responses": "a ROLLOUT node (MODEL_INFERENCE)",
+    "token_level_scores": "a REWARD node",
+    "advantages": "an ADVANTAGE node",
+    "old_log_probs": "an ACTOR node (MODEL_TRAIN) with only_forward_compute: true",
+    "ref_log_probs": "a REFERENCE node",
+    "values": "a CRITIC node (MODEL_TRAIN) with only_forward_compute: true",
+}
+
+
+def run_node(executor: Executor, node_id: str, batch: Batch, ctx: StepContext) -> Batch:
+    """`executor.run`, with a missing input field named as a workflow error: which node
+    reads it, what its input carries, and which node would add it upstream."""
+    try:
+        return executor.run(batch, ctx)
+    except KeyError as exc:
+        field = exc.args[0] if exc.args else None
+        if not isinstance(field, str) or field in batch:
+            raise
+        hint = _PRODUCED_BY.get(field, "the node that adds it")
+        raise InvalidInputError(
+            f"node {node_id!r} reads field {field!r}, which its input does not carry "
+            f"(fields: {', '.join(sorted(batch.field_names))}); add {hint} upstream of it in "
+            "the workflow") from exc
 
 
 def data_namespace(job_id: str, attempt: int) -> str:
