@@ -136,14 +136,26 @@ def _follow(client: SchedulerClient, job: scheduler_pb2.Job, quiet: bool) -> sch
                        file=sys.stderr, dynamic_ncols=True)
         if bar is not None and progress.step > bar.n:
             bar.update(progress.step - bar.n)
-            shown = {short: f"{progress.metrics[name]:.3g}" for name, short in _SHOWN.items()
-                     if name in progress.metrics}
+            shown = progress_fields(dict(progress.metrics))
             bar.set_postfix(shown, refresh=True)
         if last.state in _FINAL:
             break
     if bar is not None:
         bar.close()
     return client.get(job.job_id) if last.state in _FINAL else last
+
+
+def progress_fields(metrics: dict[str, float]) -> dict[str, str]:
+    """The progress bar's figures: `_SHOWN`, and per agent of a multi-agent job (metrics
+    under `agent{g}/`) the same ones as `a{g}.<short>`."""
+    shown = {}
+    for name, value in sorted(metrics.items()):
+        agent, _, rest = name.partition("/")
+        if name in _SHOWN:
+            shown[_SHOWN[name]] = f"{value:.3g}"
+        elif agent.startswith("agent") and agent[5:].isdigit() and rest in _SHOWN:
+            shown[f"a{agent[5:]}.{_SHOWN[rest]}"] = f"{value:.3g}"
+    return shown
 
 
 def _report(job: scheduler_pb2.Job, summary_path: str | None) -> None:
