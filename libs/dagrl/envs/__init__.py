@@ -24,6 +24,7 @@ from dagrl.envs.options import (
     agent_node_problems,
     agent_options,
     check_agent_nodes,
+    is_chain_rollout,
     is_rollout_node,
 )
 
@@ -45,5 +46,6 @@ __all__ = [
     "env_ref_problem",
     "episode_reward",
     "evaluate",
+    "is_chain_rollout",
     "is_rollout_node",
 ]

@@ -115,6 +115,12 @@ def is_rollout_node(node: Node) -> bool:
     return node.node_type == NodeType.MODEL_INFERENCE and node.node_role == NodeRole.ROLLOUT
 
 
+def is_chain_rollout(node: Node) -> bool:
+    """A ROLLOUT node that prompts with the previous agent's samples (`chain_template`): each
+    of its input rows becomes n samples."""
+    return is_rollout_node(node) and node.agent_options.get("chain_template") is not None
+
+
 def agent_node_problems(node: Node) -> list[str]:
     """What is wrong with one node, agent-wise: it is ENV_INTERACT, or it carries
     agent_options without being a ROLLOUT node, or its agent_options do not build."""
@@ -143,8 +149,7 @@ def check_agent_nodes(graph: TaskGraph, source: str | None = None) -> None:
     names the workflow in the message."""
     problems = [problem for node in graph.nodes for problem in agent_node_problems(node)]
     for node in graph.nodes:
-        is_chained = is_rollout_node(node) and node.agent_options.get("chain_template")
-        if is_chained and not any(is_rollout_node(graph[d]) for d in node.dependencies):
+        if is_chain_rollout(node) and not any(is_rollout_node(graph[d]) for d in node.dependencies):
             problems.append(
                 f"node {node.node_id!r}: agent_options.chain_template is set but none of its "
                 f"dependencies ({', '.join(node.dependencies) or 'none'}) is a ROLLOUT node: "

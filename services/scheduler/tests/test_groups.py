@@ -8,15 +8,17 @@ import sys
 import textwrap
 
 import pytest
+import yaml
 
 from dagrl.errors import ConfigError
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
-from dagrl.workflow import load_workflow
+from dagrl.workflow import load_workflow, parse_workflow
 from dagrl_scheduler.planning import (
     Cluster,
     InsufficientResourcesError,
     Plan,
     make_plan,
+    node_demands,
     parse_size,
 )
 
@@ -133,3 +135,22 @@ def test_spread_puts_each_agent_on_ranks_of_its_own_and_says_so() -> None:
     assert all(layout.ranks == (0, 1, 2, 3) for layout in colocated.layouts)
     with pytest.raises(InsufficientResourcesError, match="agent_placement=colocate"):
         make_plan(graph, Cluster.homogeneous(1, 1), agent_placement="spread")
+
+
+def test_spread_gives_a_chained_agent_ranks_for_the_n_times_more_samples_it_sees() -> None:
+    """Agent 1 answers each of agent 0's samples n = 4 times: its nodes cost 4x as much
+    (same model size), so of 5 ranks it gets 4."""
+    workflow = load_workflow("two_agent").to_dict()
+    for node in workflow["nodes"]:
+        if node["node_type"] in ("MODEL_INFERENCE", "MODEL_TRAIN"):
+            node["config"] = {**node.get("config", {}), "model_params": "0.5B"}
+    graph = parse_workflow(yaml.safe_dump(workflow))
+    demands, unit = node_demands(graph, samples_per_prompt=4)
+    assert unit == "params"
+    assert demands["agent1_actor_train"].cost == 4 * demands["agent0_actor_train"].cost
+    assert demands["agent1_actor_train"].cost_detail == "500M x 3 (train) x 4 (samples per prompt)"
+    plan = make_plan(graph, Cluster.homogeneous(1, 5), agent_placement="spread",
+                     samples_per_prompt=4)
+    assert [len(s.ranks) for s in plan.subgraphs] == [1, 4]
+    assert make_plan(graph, Cluster.homogeneous(1, 5), agent_placement="spread",
+                     samples_per_prompt=1).subgraphs[1].ranks != plan.subgraphs[1].ranks

@@ -42,8 +42,10 @@ WATCH_BLOCK_MS = 500
 
 
 def plan_job(resolved: ResolvedJob) -> Plan:
+    config = resolved.config
     return make_plan(resolved.graph, resolved.cluster, source=resolved.workflow_source,
-                     agent_placement=resolved.config.workflow.agent_placement)
+                     agent_placement=config.workflow.agent_placement,
+                     samples_per_prompt=config.actor_rollout_ref.rollout.n)
 
 
 class RedisNotConfiguredError(UnavailableError):

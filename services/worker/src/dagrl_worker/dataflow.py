@@ -22,8 +22,9 @@ import torch
 
 from dagrl import telemetry
 from dagrl.batch import GROUP_ID, UID, Batch
+from dagrl.envs import is_chain_rollout
 from dagrl.errors import BatchError
-from dagrl.workflow import Node, NodeRole, NodeType, TaskGraph
+from dagrl.workflow import NodeRole, NodeType, TaskGraph
 from dagrl_worker.plan_view import PlanView
 
 # The column naming the previous agent's sample that a chained agent's sample answers
@@ -154,10 +155,6 @@ def chained_group_id(parent_uid: str, agent_group: int) -> str:
     """The group of the samples agent `agent_group` draws for the previous agent's sample
     `parent_uid` (GRPO compares them; the databuffer hands them back to the parent's rank)."""
     return f"{parent_uid}|a{agent_group}"
-
-
-def is_chain_rollout(node: Node) -> bool:
-    return node.node_role == NodeRole.ROLLOUT and "chain_template" in node.agent_options
 
 
 def lineage_link(graph: TaskGraph, producer: str, consumer: str) -> tuple[str, str] | None:

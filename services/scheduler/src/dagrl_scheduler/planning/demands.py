@@ -9,11 +9,15 @@ The scheduling keys of a node's config (`dagrl.config.NodeConfig` owns and check
     device_kind            the device it must run on (`H100`, or `cuda`/`gpu` for any accelerator)
     min_device_memory_gib  memory each of its devices needs
 
-Cost of a node: with model_params, parameters x passes per sample, after the usual 2N / 6N
-FLOPs-per-token rule (Kaplan et al. 2020): 3 for a training node (forward + backward), 1 for
-forward-only and inference nodes. With flops, the number given. Units cannot be mixed: once any
-node gives flops, every node with model_params must give flops too. Nodes without either cost
-nothing (they still get ranks: every subgraph gets at least one).
+Cost of a node: with model_params, parameters x passes per sample x samples per prompt, after
+the usual 2N / 6N FLOPs-per-token rule (Kaplan et al. 2020): 3 passes for a training node
+(forward + backward), 1 for forward-only and inference nodes. Samples per prompt: 1, times
+`samples_per_prompt` (rollout.n) for every chained ROLLOUT node the node's rows come through
+(`sample_multiplicity`) — the next agent of a chain draws n samples for each of the previous
+agent's samples, so its nodes see n times the rows. With flops, the number given (the whole
+step's). Units cannot be mixed: once any node gives flops, every node with model_params must
+give flops too. Nodes without either cost nothing (they still get ranks: every subgraph gets
+at least one).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import re
 from dataclasses import dataclass
 
 from dagrl.config import NodeConfig, node_config
+from dagrl.envs import is_chain_rollout
 from dagrl.errors import ConfigError
 from dagrl.workflow import Node, NodeType, TaskGraph
 
@@ -74,12 +79,12 @@ def format_size(value: float) -> str:
     return f"{value:.3g}"
 
 
-def node_demands(graph: TaskGraph,
-                 source: str | None = None) -> tuple[dict[str, NodeDemand], str]:
+def node_demands(graph: TaskGraph, source: str | None = None,
+                 samples_per_prompt: int = 1) -> tuple[dict[str, NodeDemand], str]:
     """Every node's demand by node id, and the cost unit ("params", "flops" or "none").
 
     ConfigError (INVALID_ARGUMENT) lists every problem, each naming the node and the key;
-    `source` names the workflow file in the message.
+    `source` names the workflow file in the message; `samples_per_prompt` is rollout.n.
     """
     problems: list[str] = []
     configs: dict[str, NodeConfig] = {}
@@ -89,7 +94,8 @@ def node_demands(graph: TaskGraph,
         except ConfigError as exc:
             problems.extend(f"node {node.node_id!r}: config.{p}" for p in exc.problems)
     uses_flops = any(c.flops is not None for c in configs.values())
-    demands = {node_id: _demand(graph[node_id], config, uses_flops, problems)
+    rows = sample_multiplicity(graph, samples_per_prompt)
+    demands = {node_id: _demand(graph[node_id], config, uses_flops, rows[node_id], problems)
                for node_id, config in configs.items()}
     if problems:
         raise ConfigError(problems, source=source or f"workflow {graph.dag_id!r}")
@@ -102,16 +108,29 @@ def node_demands(graph: TaskGraph,
     return demands, unit
 
 
-def _demand(node: Node, config: NodeConfig, uses_flops: bool,
+def sample_multiplicity(graph: TaskGraph, samples_per_prompt: int) -> dict[str, int]:
+    """Per node, its rows per sample of the first agent. A node's rows are its first
+    parent's (a fan-in joins the other parents onto them), and a chained ROLLOUT node draws
+    `samples_per_prompt` samples per input row."""
+    rows: dict[str, int] = {}
+    for node_id in graph.topological_order():
+        parents = graph[node_id].dependencies
+        rows[node_id] = rows[parents[0]] if parents else 1
+        if is_chain_rollout(graph[node_id]):
+            rows[node_id] *= samples_per_prompt
+    return rows
+
+
+def _demand(node: Node, config: NodeConfig, uses_flops: bool, rows: int,
             problems: list[str]) -> NodeDemand:
-    cost, detail = _cost(node, config, uses_flops, problems)
+    cost, detail = _cost(node, config, uses_flops, rows, problems)
     return NodeDemand(
         node.node_id, cost, detail, config.tp_size, config.pp_size, config.dp_size,
         (config.device_kind or "").strip(), float(config.min_device_memory_gib or 0.0),
     )
 
 
-def _cost(node: Node, config: NodeConfig, uses_flops: bool,
+def _cost(node: Node, config: NodeConfig, uses_flops: bool, rows: int,
           problems: list[str]) -> tuple[float, str]:
     where = f"node {node.node_id!r}"
     if config.flops is not None:
@@ -134,7 +153,10 @@ def _cost(node: Node, config: NodeConfig, uses_flops: bool,
         return 0.0, ""
     passes = TRAIN_PASSES if _trains(node) else 1
     label = "train" if passes > 1 else "forward"
-    return params * passes, f"{format_size(params)} x {passes} ({label})"
+    detail = f"{format_size(params)} x {passes} ({label})"
+    if rows > 1:
+        detail += f" x {rows} (samples per prompt)"
+    return params * passes * rows, detail
 
 
 def _trains(node: Node) -> bool:

@@ -22,14 +22,16 @@ from dagrl_scheduler.planning.split import split_agents
 
 
 def make_plan(graph: TaskGraph, cluster: Cluster, *, source: str | None = None,
-              agent_placement: AgentPlacement = "colocate") -> Plan:
+              agent_placement: AgentPlacement = "colocate", samples_per_prompt: int = 1) -> Plan:
     """Plan `graph` onto every usable slot of `cluster`; same inputs, same plan.
 
     `source` names the workflow file in error messages; `agent_placement` says how the agents
-    of a multi-agent workflow share ranks (`split.split_agents`).
+    of a multi-agent workflow share ranks (`split.split_agents`); `samples_per_prompt`
+    (rollout.n) weighs the nodes of chained agents, which see n times the rows of the agent
+    before them (`demands`).
     """
     pieces = split_agents(graph, agent_placement)
-    demands, unit = node_demands(graph, source)
+    demands, unit = node_demands(graph, source, samples_per_prompt)
     holders = _holders(pieces)
     requirements = [_requirement(graph, piece, demands) for piece in pieces]
     all_pools = pools(cluster)
@@ -204,7 +206,8 @@ def _notes(unit: str, requirements: Sequence[Requirement], cluster: Cluster,
                      "equally")
     elif unit == "params":
         notes.append("cost = model_params x passes (3 for training nodes, 1 for forward-only "
-                     "and inference); a node in k subgraphs adds 1/k of its cost to each")
+                     "and inference) x samples per prompt (rollout.n per chained agent); a node "
+                     "in k subgraphs adds 1/k of its cost to each")
     if any(r.min_memory_gib for r in requirements) and any(
             not n.device_memory_gib for n in cluster.nodes):
         notes.append("some machines do not say their device memory: memory needs were assumed "
