@@ -9,10 +9,9 @@ through the real job driver, Ray actors, gloo and the databuffer (a private redi
   rank 1 through the databuffer and the scores come back by lineage.
 
 Per job: generated + trained tokens per second of step wall time (`perf/throughput`), the
-first step (warm-up) left out. The figure is spread's throughput over colocate's. On this
-2-core machine the two placements do the same work on the same cores, so the ratio mostly
-shows what the chain costs when the agents wait on each other (agent 1 cannot start before
-agent 0 has answered, and agent 0 cannot train before agent 1 is scored).
+first step (warm-up) left out. The figure is spread's throughput over colocate's. Agent 1
+handles n times agent 0's rows, so with one rank per agent the ratio mostly shows that
+imbalance: rank 1 carries most of the work while rank 0 waits (see bench/README.md).
 
     .venv/bin/python bench/multi_agent.py [--steps 6] [--rounds 2]
 """
@@ -52,7 +51,8 @@ def job(placement: AgentPlacement, steps: int, redis_url: str, name: str) -> flo
                               "val_before_train": False, "test_freq": -1, "save_freq": -1,
                               "resume_mode": "disable", "logger": []})
     plan = make_plan(load_workflow("two_agent"), Cluster.homogeneous(1, RANKS),
-                     agent_placement=placement)
+                     agent_placement=placement,
+                     samples_per_prompt=config["actor_rollout_ref"]["rollout"]["n"])
     spec = WorkerSpec(name, yaml.safe_dump(config), "", (), plan.to_proto().SerializeToString(),
                       redis_url, str(ROOT / "outputs" / "bench_multi_agent" / name))
     outcome = Driver(spec).run()

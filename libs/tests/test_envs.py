@@ -119,12 +119,12 @@ def test_agent_options_report_every_problem_naming_the_node() -> None:
     assert "node 'rollout' agent_options" in message and "max_turns: unknown key" in message
     assert "max_assistant_turns must be >= 1" in message and "${prompt}" in message
     options = agent_options("rollout", {"env": "calculator", "max_assistant_turns": 4})
-    assert options.is_multi_turn and options.max_assistant_turns == 4
+    assert options.env is not None and options.max_assistant_turns == 4
 
 
 def test_agent_options_combine_chain_and_env_and_need_env_for_turn_options() -> None:
     options = agent_options("a1", {"env": "math", "chain_template": "${prompt}${response}\n"})
-    assert options.is_multi_turn and options.chain_template == "${prompt}${response}\n"
+    assert options.env is not None and options.chain_template == "${prompt}${response}\n"
     with pytest.raises(ConfigError) as caught:
         agent_options("a1", {"max_assistant_turns": 3, "post_chat_template": "x",
                              "max_turns": 1})

@@ -11,14 +11,15 @@ import uuid
 
 import pytest
 import torch
+import yaml
 
 from dagrl.batch import GROUP_ID, UID, Batch
 from dagrl.local import LocalRedis
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
-from dagrl.workflow import load_workflow
+from dagrl.workflow import load_workflow, parse_workflow
 from dagrl_databuffer.client import DataBufferClient
 from dagrl_scheduler.planning import Cluster, make_plan
-from dagrl_worker.dataflow import PARENT_UID, EdgeRouter, chained_group_id
+from dagrl_worker.dataflow import PARENT_UID, EdgeRouter, chained_group_id, lineage_link
 from dagrl_worker.plan_view import PlanView
 
 pytestmark = pytest.mark.integration
@@ -84,6 +85,74 @@ def test_spread_chain_hands_each_rank_the_answers_to_its_own_samples(
                 assert scores[last[row]].item() == pytest.approx(expected)
                 assert scores.sum().item() == pytest.approx(expected)
         assert store.describe_step(job, step) == []  # every edge read by all its consumers
+
+
+CRITIC_CHAIN = """
+dag_id: critic_chain
+nodes:
+  - {node_id: a0, node_type: MODEL_INFERENCE, node_role: ROLLOUT}
+  - {node_id: values0, node_type: MODEL_TRAIN, node_role: CRITIC, only_forward_compute: true,
+     dependencies: [a0]}
+  - {node_id: a1, node_type: MODEL_INFERENCE, node_role: ROLLOUT, agent_group: 1,
+     dependencies: [a0], agent_options: {chain_template: "${prompt}${response}"}}
+  - {node_id: reward, node_type: COMPUTE, node_role: REWARD, agent_group: 1, dependencies: [a1]}
+  - {node_id: adv0, node_type: COMPUTE, node_role: ADVANTAGE, dependencies: [values0, reward]}
+  - {node_id: adv1, node_type: COMPUTE, node_role: ADVANTAGE, agent_group: 1,
+     dependencies: [reward]}
+"""
+
+
+def test_spread_lineage_join_behind_a_forward_pass_on_three_ranks(
+        redis_server: LocalRedis) -> None:
+    """Agent 0's advantage joins its critic's values (agent-0 rows, first parent) with agent
+    1's scored answers: each of agent 0's 3 ranks must get the answers to its own samples."""
+    graph = parse_workflow(CRITIC_CHAIN)
+    assert lineage_link(graph, "reward", "adv0") == ("values0", "a1")
+    plan = PlanView(make_plan(graph, Cluster.homogeneous(1, 5),
+                              agent_placement="spread").to_proto())
+    assert plan.layout("a0").ranks == (0, 1, 2) and plan.layout("a1").ranks == (3, 4)
+    job, step = f"critic-{uuid.uuid4().hex[:8]}", 1
+    with DataBufferClient(redis_server.url) as store:
+        routers = [EdgeRouter(graph, plan, rank, job, store, timeout_s=10) for rank in range(5)]
+        own = {rank: agent0_samples(rank, prompts=2 + rank) for rank in (0, 1, 2)}
+        for node_id in graph.topological_order():
+            for rank in plan.layout(node_id).ranks:
+                router = routers[rank]
+                if node_id == "a0":
+                    output = own[rank]
+                elif node_id == "a1":
+                    output = agent1_answers(router.inputs(step, node_id))
+                else:
+                    output = router.inputs(step, node_id)
+                router.publish(step, node_id, output)
+        for rank, samples in own.items():
+            joined = routers[rank].local["adv0"]
+            assert joined.uids == samples.uids
+            expected = [sum(answer_score(f"{chained_group_id(uid, 1)}/{k}") for k in range(N)) / N
+                        for uid in samples.uids]
+            assert joined.tensors["token_level_scores"].sum(1).tolist() == pytest.approx(expected)
+        assert store.describe_step(job, step) == []
+
+
+def test_only_edges_that_join_answers_to_their_samples_are_lineage_edges() -> None:
+    graph = load_workflow("two_agent")
+    assert lineage_link(graph, "reward", "agent0_advantage") == ("agent0_rollout",
+                                                                 "agent1_rollout")
+    assert lineage_link(graph, "agent0_rollout", "agent0_advantage") is None
+    assert lineage_link(graph, "reward", "agent1_advantage") is None
+    assert lineage_link(graph, "agent0_rollout", "agent1_rollout") is None
+    # an ordinary fan-in of two agent-0 parents is not a lineage edge, even downstream of the
+    # chain
+    workflow = graph.to_dict()
+    for node in workflow["nodes"]:
+        if node["node_id"] == "agent0_old_log_prob":
+            node["dependencies"] = ["agent0_rollout", "agent0_advantage"]
+    fan_in = parse_workflow(yaml.safe_dump(workflow))
+    assert lineage_link(fan_in, "agent0_advantage", "agent0_old_log_prob") is None
+    plan = PlanView(make_plan(fan_in, Cluster.homogeneous(1, 2),
+                              agent_placement="spread").to_proto())
+    assert EdgeRouter(fan_in, plan, 0, "job", None).is_local("agent0_advantage",
+                                                               "agent0_old_log_prob")
 
 
 def test_lineage_edges_go_through_the_databuffer_unless_the_whole_path_is_local() -> None:

@@ -23,9 +23,11 @@ from dagrl.envs.options import (
     AgentOptions,
     agent_node_problems,
     agent_options,
+    chain_depth,
     check_agent_nodes,
     is_chain_rollout,
     is_rollout_node,
+    row_origin,
 )
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "agent_node_problems",
     "agent_options",
     "builtin_envs",
+    "chain_depth",
     "check_agent_nodes",
     "env_factory",
     "env_ref_problem",
@@ -48,4 +51,5 @@ __all__ = [
     "evaluate",
     "is_chain_rollout",
     "is_rollout_node",
+    "row_origin",
 ]

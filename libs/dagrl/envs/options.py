@@ -80,10 +80,6 @@ class AgentOptions:
                             f"to them), got {self.chain_template!r}")
         return problems
 
-    @property
-    def is_multi_turn(self) -> bool:
-        return self.env is not None
-
 
 def _ref_form_problem(ref: str) -> str | None:
     try:
@@ -119,6 +115,25 @@ def is_chain_rollout(node: Node) -> bool:
     """A ROLLOUT node that prompts with the previous agent's samples (`chain_template`): each
     of its input rows becomes n samples."""
     return is_rollout_node(node) and node.agent_options.get("chain_template") is not None
+
+
+def row_origin(graph: TaskGraph, node_id: str) -> str:
+    """The node whose rows `node_id` carries. A node's rows are its first dependency's (a
+    fan-in joins the other parents onto them), back to an entry node or to a chained ROLLOUT
+    node, which makes rows of its own (n per input row)."""
+    while graph[node_id].dependencies and not is_chain_rollout(graph[node_id]):
+        node_id = graph[node_id].dependencies[0]
+    return node_id
+
+
+def chain_depth(graph: TaskGraph, node_id: str) -> int:
+    """How many chained ROLLOUT nodes the rows of `node_id` come through (0: the first
+    agent's samples, 1: answers to them, ...)."""
+    depth, origin = 0, row_origin(graph, node_id)
+    while is_chain_rollout(graph[origin]):
+        depth += 1
+        origin = row_origin(graph, graph[origin].dependencies[0])
+    return depth
 
 
 def agent_node_problems(node: Node) -> list[str]:

@@ -15,8 +15,10 @@ from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.workflow import load_workflow, parse_workflow
 from dagrl_scheduler.planning import (
     Cluster,
+    ClusterNode,
     InsufficientResourcesError,
     Plan,
+    PlanningError,
     make_plan,
     node_demands,
     parse_size,
@@ -154,3 +156,17 @@ def test_spread_gives_a_chained_agent_ranks_for_the_n_times_more_samples_it_sees
     assert [len(s.ranks) for s in plan.subgraphs] == [1, 4]
     assert make_plan(graph, Cluster.homogeneous(1, 5), agent_placement="spread",
                      samples_per_prompt=1).subgraphs[1].ranks != plan.subgraphs[1].ranks
+
+
+def test_agents_on_different_devices_must_spread_and_are_told_so() -> None:
+    workflow = load_workflow("two_agent").to_dict()
+    for node in workflow["nodes"]:
+        kind = "H100" if node.get("agent_group") == 1 else "A10"
+        node["config"] = {**node.get("config", {}), "device_kind": kind}
+    graph = parse_workflow(yaml.safe_dump(workflow))
+    cluster = Cluster((ClusterNode("a", 2, "A10"), ClusterNode("h", 2, "H100")))
+    with pytest.raises(PlanningError, match=r"workflow\.agent_placement=spread"):
+        make_plan(graph, cluster)
+    plan = make_plan(graph, cluster, agent_placement="spread")
+    assert {p.node_name for p in plan.placements if p.rank in plan.layout("agent1_rollout").ranks
+            } == {"h"}

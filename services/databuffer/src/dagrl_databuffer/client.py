@@ -20,13 +20,13 @@ import contextlib
 import math
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import redis
 
 from dagrl.batch import Batch, concat, decode
-from dagrl.batch.partition import Partition, partition_rows
+from dagrl.batch.partition import partition_rows
 from dagrl.errors import (
     BatchError,
     DataBufferError,
@@ -37,6 +37,7 @@ from dagrl.errors import (
 )
 from dagrl_databuffer import keys as K
 from dagrl_databuffer.config import BufferSettings
+from dagrl_databuffer.reports import BufferStats, EdgePlan, JobUsage, ShardInfo
 from dagrl_databuffer.shard import (
     ShardMeta,
     decode_block,
@@ -49,46 +50,6 @@ from dagrl_databuffer.shard import token_counts as count_tokens
 from dagrl_databuffer.store import RedisStore
 
 _MAX_POLL_INTERVAL_S = 0.05
-
-
-@dataclass(frozen=True)
-class ShardInfo:
-    """One stored producer shard, as DescribeStep reports it."""
-
-    job: str
-    step: int
-    edge: str
-    producer_rank: int
-    producer_size: int
-    rows: int
-    nbytes: int
-    tokens: int
-
-
-@dataclass(frozen=True)
-class EdgePlan:
-    """Every producer's meta of one edge and the partition all consumers agree on."""
-
-    metas: tuple[ShardMeta, ...]
-    partition: Partition
-
-    @property
-    def shard_rows(self) -> list[int]:
-        return [meta.rows for meta in self.metas]
-
-
-@dataclass(frozen=True)
-class JobUsage:
-    job: str
-    nbytes: int
-    shards: int
-
-
-@dataclass(frozen=True)
-class BufferStats:
-    used_memory_bytes: int
-    maxmemory_bytes: int
-    jobs: tuple[JobUsage, ...]
 
 
 class DataBufferClient:

@@ -18,7 +18,7 @@ from dagrl.rpc.auth import with_bearer_token
 from dagrl.rpc.gen.databuffer.v1 import databuffer_pb2 as pb
 from dagrl.rpc.gen.databuffer.v1 import databuffer_pb2_grpc
 from dagrl.rpc.status import error_from_rpc
-from dagrl_databuffer.client import BufferStats, JobUsage, ShardInfo
+from dagrl_databuffer.reports import BufferStats, JobUsage, ShardInfo
 from dagrl_databuffer.server import MAX_MESSAGE_BYTES
 from dagrl_databuffer.servicer import SERVICE_NAME
 from dagrl_databuffer.wire import GET_CHUNK_TAG, PUT_CHUNK_TAG, chunk_payload, framed_chunks

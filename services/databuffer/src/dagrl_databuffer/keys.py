@@ -11,8 +11,13 @@ and the multi-key Lua scripts stay valid there.
     dagrl:{job}:<step>:<edge>:r<rank>:w<write>:c<i>  str   chunk i of one write of a shard
 
 The usage hash is the per-job quota ledger; the step set is what DeleteStep removes; the
-write id in chunk keys lets a re-put of a shard (a step re-run after a restart) write new
-chunks next to the old ones and switch over by replacing the meta.
+write id in chunk keys lets a re-put of a shard write new chunks next to the old ones and
+switch over by replacing the meta.
+
+A job's data can live under derived job names (`attempt_namespace`, `validation_namespace`):
+a run restarted after a failure, and each validation pass, use names of their own, so they
+never read shards or reader counts that another attempt or a training step left. Each name
+has its own quota ledger and its own steps (Stats and DeleteStep take the derived name).
 """
 
 from __future__ import annotations
@@ -27,6 +32,18 @@ MAX_NAME_CHARS = 128
 MAX_DP_SIZE = 1 << 16
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-/>]*")
 USAGE_SCAN_PATTERN = f"{PREFIX}:{{*}}:usage"
+
+
+def attempt_namespace(job: str, attempt: int) -> str:
+    """The job name run attempt `attempt` stores its shards under: `<job>`, then `<job>.r<n>`
+    for the n-th restart after a failure."""
+    return job if attempt == 0 else f"{job}.r{attempt}"
+
+
+def validation_namespace(job: str, step: int) -> str:
+    """The job name of the validation pass after training step `step` of `job` (a name
+    `attempt_namespace` made): `<job>.val<step>`."""
+    return f"{job}.val{step}"
 
 
 def check_name(kind: str, value: str) -> str:

@@ -27,7 +27,8 @@ from dagrl.errors import (
 )
 from dagrl.rpc.gen.databuffer.v1 import databuffer_pb2 as pb
 from dagrl.rpc.status import abort_with
-from dagrl_databuffer.client import DataBufferClient, ShardInfo
+from dagrl_databuffer.client import DataBufferClient
+from dagrl_databuffer.reports import ShardInfo
 from dagrl_databuffer.wire import GET_CHUNK_TAG, PUT_CHUNK_TAG, chunk_payload, framed_chunks
 
 log = logging.getLogger(__name__)

@@ -1,13 +1,15 @@
 """DAGWorker: one rank. Walks its part of the workflow every step.
 
-Plain Python (Ray wraps it in `actors.py`), so a test can drive it directly. Its public
-methods are the whole protocol the driver uses, in this order:
+Plain Python (Ray wraps it in `actors.py`), so a test can drive it directly. The driver
+calls, in this order:
 
     setup_distributed(master_addr, master_port)  process groups, as the plan lists them
     init_graph(attempt)                          models, executors, checkpoint load
     run_step(step)                               one training step -> metric summary
-    validate()                                   validation -> metric summary
+    validate(step)                               a validation pass -> metric summary
     save_checkpoint(step)                        collective, atomic
+
+`walk` (one pass over some of this rank's nodes) serves both `run_step` and validation.
 
 Per step: prompts (this rank's dp slice) enter the entry nodes; each node on this rank
 runs in topological order on inputs from the local cache or the databuffer, and hands
@@ -29,9 +31,11 @@ from dagrl import telemetry
 from dagrl.algorithms import AdaptiveKLController, FixedKLController, KLController
 from dagrl.batch import Batch
 from dagrl.config import JobConfig
+from dagrl.envs import check_agent_nodes
 from dagrl.errors import InvalidInputError
 from dagrl.models import load_tokenizer
 from dagrl.workflow import NodeRole
+from dagrl_databuffer.keys import attempt_namespace
 from dagrl_worker import checkpoint
 from dagrl_worker.builder import build_agent_models, build_executor
 from dagrl_worker.config import WorkerSettings
@@ -107,13 +111,15 @@ class DAGWorker:
         """Build data, models and executors; resume if configured (or, on restart `attempt`
         > 0 after a failure, from the latest committed checkpoint whatever resume_mode says).
 
-        Each attempt moves its data in a databuffer namespace of its own (`data_namespace`):
-        shards a failed attempt left behind are never read as this attempt's.
+        Each attempt moves its data under a databuffer job name of its own
+        (`dagrl_databuffer.keys.attempt_namespace`): shards a failed attempt left behind are
+        never read as this attempt's.
 
         Returns (first step to run, total training steps).
         """
+        check_agent_nodes(self.graph)  # as the scheduler does; a Driver may run without it
         resume = self._latest_folder() if attempt else self._resume_folder()
-        self.data_job = data_namespace(self.spec.job_id, attempt)
+        self.data_job = attempt_namespace(self.spec.job_id, attempt)
         policy_path = self.config.actor_rollout_ref.model.path
         tokenizer = load_tokenizer(policy_path)
         self.prompts_source = PromptSource(self.config, tokenizer)
@@ -329,24 +335,19 @@ _PRODUCED_BY = {
 
 
 def run_node(executor: Executor, node_id: str, batch: Batch, ctx: StepContext) -> Batch:
-    """`executor.run`, with a missing input field named as a workflow error: which node
-    reads it, what its input carries, and which node would add it upstream."""
+    """`executor.run`, with a missing built-in input field (`_PRODUCED_BY`) named as a
+    workflow error: which node reads it, what its input carries, and which node would add it
+    upstream. Any other KeyError is the node's own and passes unchanged."""
     try:
         return executor.run(batch, ctx)
     except KeyError as exc:
         field = exc.args[0] if exc.args else None
-        if not isinstance(field, str) or field in batch:
-            raise
-        hint = _PRODUCED_BY.get(field, "the node that adds it")
+        if field not in _PRODUCED_BY or field in batch:
+            raise  # not a built-in field the workflow failed to produce: the node's own error
         raise InvalidInputError(
             f"node {node_id!r} reads field {field!r}, which its input does not carry "
-            f"(fields: {', '.join(sorted(batch.field_names))}); add {hint} upstream of it in "
-            "the workflow") from exc
-
-
-def data_namespace(job_id: str, attempt: int) -> str:
-    """The job id a run attempt's shards are stored under (`<job>`, then `<job>.r<attempt>`)."""
-    return job_id if attempt == 0 else f"{job_id}.r{attempt}"
+            f"(fields: {', '.join(sorted(batch.field_names))}); add {_PRODUCED_BY[field]} "
+            "upstream of it in the workflow") from exc
 
 
 def total_training_steps(config: JobConfig, batches_per_epoch: int) -> int:

@@ -22,7 +22,7 @@ import torch
 
 from dagrl import telemetry
 from dagrl.batch import GROUP_ID, UID, Batch
-from dagrl.envs import is_chain_rollout
+from dagrl.envs import is_chain_rollout, row_origin
 from dagrl.errors import BatchError
 from dagrl.workflow import NodeRole, NodeType, TaskGraph
 from dagrl_worker.plan_view import PlanView
@@ -62,21 +62,26 @@ class EdgeRouter:
     balance_batch: bool = True
     local: dict[str, Batch] = field(default_factory=dict)
     timeout_s: float = 600.0  # a consumer waits this long for its producers' shards
+    # the nodes that run (None: all); a validation pass runs part of the graph, and an edge
+    # into a node that does not run is never written (nobody would read it)
+    running: frozenset[str] | None = None
 
     def is_local(self, producer: str, consumer: str) -> bool:
         """Whether the edge's rows stay on this rank (no databuffer): same layout at both
         ends, not a balanced training input, and for a lineage edge (`lineage_link`), every
-        hop from the parent samples to their children also rank-local."""
+        hop from the common row origin to both joined parents also rank-local (so this
+        rank's children are exactly the answers to this rank's parent samples)."""
         if not self._same_rows(producer, consumer):
             return False
         link = lineage_link(self.graph, producer, consumer)
         if link is None:
             return True
-        parent, _chain = link
-        between = set(self.graph.descendants(parent)) & set(self.graph.ancestors(producer))
-        hops = [(a, b) for a, b in self.graph.edges()
-                if a in between | {parent} and b in between | {producer}]
-        return all(self._same_rows(a, b) for a, b in hops)
+        base, _chain = link
+        origin = row_origin(self.graph, base)
+        upstream = {*self.graph.ancestors(base), *self.graph.ancestors(producer)}
+        on_paths = (set(self.graph.descendants(origin)) & upstream) | {base, producer}
+        return all(self._same_rows(a, b) for a, b in self.graph.edges()
+                   if a in on_paths | {origin} and b in on_paths)
 
     def _same_rows(self, producer: str, consumer: str) -> bool:
         made, used = self.plan.layout(producer), self.plan.layout(consumer)
@@ -92,6 +97,8 @@ class EdgeRouter:
         self.local[producer] = batch
         layout = self.plan.layout(producer)
         for consumer in self.graph.children(producer):
+            if self.running is not None and consumer not in self.running:
+                continue
             if not self.is_local(producer, consumer):
                 edge = edge_name(producer, consumer)
                 with telemetry.phase_span(telemetry.SPAN_DATABUFFER_PUT) as span:
@@ -103,25 +110,24 @@ class EdgeRouter:
     def inputs(self, step: int, consumer: str) -> Batch:
         """The consumer's input on this rank: its parents' outputs, joined row by row.
 
-        A lineage parent (a later agent's samples, `lineage_link`) is read after the others:
-        from the databuffer it brings exactly the children of the parent samples this rank
-        holds, wherever the later agent ran.
+        A lineage parent (a later agent's samples, `lineage_link`) read from the databuffer
+        brings exactly the children of the first parent's samples on this rank, wherever the
+        later agent ran.
         """
         parents = self.graph.parents(consumer)
-        links = {p: lineage_link(self.graph, p, consumer) for p in parents}
-        parts: dict[str, Batch] = {}
-        for producer in sorted(parents, key=lambda p: links[p] is not None):
+        parts: list[Batch] = []  # the first parent (never a lineage edge) comes first
+        for producer in parents:
             if self.is_local(producer, consumer):
-                parts[producer] = self.local[producer]
+                parts.append(self.local[producer])
                 continue
-            link = links[producer]
+            link = lineage_link(self.graph, producer, consumer)
             wanted = None
             if link is not None:
-                parent, chain = link
+                _base, chain = link
                 wanted = {chained_group_id(uid, self.graph[chain].agent_group)
-                          for uid in parts[parent].uids}
-            parts[producer] = self._get(step, producer, consumer, wanted)
-        return join_by_uid([parts[p] for p in parents])
+                          for uid in parts[0].uids}
+            parts.append(self._get(step, producer, consumer, wanted))
+        return join_by_uid(parts)
 
     def _get(self, step: int, producer: str, consumer: str,
              group_ids: set[str] | None) -> Batch:
@@ -158,20 +164,16 @@ def chained_group_id(parent_uid: str, agent_group: int) -> str:
 
 
 def lineage_link(graph: TaskGraph, producer: str, consumer: str) -> tuple[str, str] | None:
-    """(parent, chain) when `producer`'s rows reach `consumer` as the children of another of
-    its parents' rows: `chain` (a chained ROLLOUT node, `producer` or upstream of it) drew
-    them from `parent`'s samples with no other chain between; None for an ordinary edge."""
-    chains = [n for n in (*graph.ancestors(producer), producer) if is_chain_rollout(graph[n])]
-    for parent in graph.parents(consumer):
-        if parent == producer:
-            continue
-        downstream = set(graph.descendants(parent))
-        for chain in chains:
-            upstream = set(graph.ancestors(chain))
-            if parent in upstream and not any(
-                    c in downstream and c in upstream for c in chains):
-                return parent, chain
-    return None
+    """(base, chain) when `producer`'s rows reach `consumer` as the children of its first
+    parent's rows: `producer` carries the samples that `chain` (a chained ROLLOUT node) drew
+    from rows with the same origin as `base`, the consumer's first parent, whose rows the
+    consumer keeps (`dagrl.envs.row_origin`). None for an ordinary edge."""
+    base = graph.parents(consumer)[0]
+    chain = row_origin(graph, producer)
+    if producer == base or not is_chain_rollout(graph[chain]):
+        return None
+    drawn_from = row_origin(graph, graph.parents(chain)[0])
+    return (base, chain) if row_origin(graph, base) == drawn_from else None
 
 
 def join_by_uid(parts: list[Batch]) -> Batch:

@@ -5,14 +5,16 @@ node after them) and those reward nodes: the rollout, every agent of a chain, mu
 episodes with their environments — the same executors as training, with the val sampling
 parameters (`StepContext.validating`). Data moves as in training: through the local cache
 or, between layouts (agents spread over ranks), through the databuffer, in a namespace of its
-own (`<job>.val<step>`, per run attempt) so it never meets a training step's edges.
+own (`dagrl_databuffer.keys.validation_namespace`) so it never meets a training step's edges.
 
-The validation set goes through in chunks of about `CHUNK_PROMPTS` prompts; every rank walks
-every chunk (a chunk's entry nodes take their dp share of it). The ranks that hold a final
-reward node record `val/<data_source>/{accuracy, mean@n, best@n}` (under `val/agent{g}/`
-when the workflow has several agents) and the rollouts' `num_turns/`, `response_length/`,
-`tool/` figures under `val/`; the driver merges the per-rank summaries (weighted by sample
-and prompt counts), so the figures are exact means over the whole validation set.
+The validation set goes through in chunks of about `CHUNK_PROMPTS` prompts per entry rank; every
+rank walks every chunk (a chunk's entry nodes take their dp share of it; a rank whose share is
+empty passes an empty batch on). Only edges between validation nodes are written. The ranks that
+hold a final reward node record `val/<data_source>/{accuracy, mean@n, best@n}` (under
+`val/agent{g}/` when the workflow has several agents) and the rollouts' `num_turns/`,
+`response_length/`, `tool/` figures under `val/`; the driver merges the per-rank summaries
+(weighted by sample and prompt counts), so the figures are exact means over the whole validation
+set.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 
 from dagrl.batch import Batch
 from dagrl.workflow import NodeRole, TaskGraph
+from dagrl_databuffer.keys import validation_namespace
 from dagrl_worker.dataflow import EdgeRouter
 from dagrl_worker.executors.base import StepContext
 from dagrl_worker.executors.models import val_sampling
@@ -60,13 +63,16 @@ def validate_workflow(worker: DAGWorker, source: PromptSource, step: int) -> Sum
     rows = source.val_rows(0, 1)
     if not wanted or not rows:
         return sink.summary()
-    router = EdgeRouter(worker.graph, worker.plan, worker.rank, f"{worker.data_job}.val{step}",
-                        worker.store, balance_batch=False)
+    router = EdgeRouter(worker.graph, worker.plan, worker.rank,
+                        validation_namespace(worker.data_job, step), worker.store,
+                        balance_batch=False, running=frozenset(wanted))
     finals = [n for n in final_rewards(worker.graph) if n in order]
     scored: dict[str, list[Batch]] = {n: [] for n in finals}
     scratch = MetricSink()
     count = len(rows["index"])
-    chunks = max(1, math.ceil(count / CHUNK_PROMPTS))
+    entry_dp = max(worker.plan.layout(n).dp_size for n in wanted
+                   if not worker.graph.parents(n))
+    chunks = max(1, math.ceil(count / (CHUNK_PROMPTS * entry_dp)))
     for chunk in range(chunks):
         start, stop = chunk * count // chunks, (chunk + 1) * count // chunks
         prompts = {key: values[start:stop] for key, values in rows.items()}

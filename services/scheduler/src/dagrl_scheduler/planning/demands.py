@@ -13,11 +13,11 @@ Cost of a node: with model_params, parameters x passes per sample x samples per 
 the usual 2N / 6N FLOPs-per-token rule (Kaplan et al. 2020): 3 passes for a training node
 (forward + backward), 1 for forward-only and inference nodes. Samples per prompt: 1, times
 `samples_per_prompt` (rollout.n) for every chained ROLLOUT node the node's rows come through
-(`sample_multiplicity`) — the next agent of a chain draws n samples for each of the previous
-agent's samples, so its nodes see n times the rows. With flops, the number given (the whole
-step's). Units cannot be mixed: once any node gives flops, every node with model_params must
-give flops too. Nodes without either cost nothing (they still get ranks: every subgraph gets
-at least one).
+(`sample_multiplicity`, `dagrl.envs.chain_depth`) — the next agent of a chain draws n samples
+for each of the previous agent's samples, so its nodes see n times the rows. With flops, the
+number given (the whole step's). Units cannot be mixed: once any node gives flops, every node
+with model_params must give flops too. Nodes without either cost nothing (they still get ranks:
+every subgraph gets at least one).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 
 from dagrl.config import NodeConfig, node_config
-from dagrl.envs import is_chain_rollout
+from dagrl.envs import chain_depth
 from dagrl.errors import ConfigError
 from dagrl.workflow import Node, NodeType, TaskGraph
 
@@ -109,16 +109,10 @@ def node_demands(graph: TaskGraph, source: str | None = None,
 
 
 def sample_multiplicity(graph: TaskGraph, samples_per_prompt: int) -> dict[str, int]:
-    """Per node, its rows per sample of the first agent. A node's rows are its first
-    parent's (a fan-in joins the other parents onto them), and a chained ROLLOUT node draws
-    `samples_per_prompt` samples per input row."""
-    rows: dict[str, int] = {}
-    for node_id in graph.topological_order():
-        parents = graph[node_id].dependencies
-        rows[node_id] = rows[parents[0]] if parents else 1
-        if is_chain_rollout(graph[node_id]):
-            rows[node_id] *= samples_per_prompt
-    return rows
+    """Per node, its rows per sample of the first agent: `samples_per_prompt` to the power
+    of the chained ROLLOUT nodes its rows come through (`dagrl.envs.chain_depth`)."""
+    return {node_id: samples_per_prompt ** chain_depth(graph, node_id)
+            for node_id in graph.node_ids}
 
 
 def _demand(node: Node, config: NodeConfig, uses_flops: bool, rows: int,

@@ -33,7 +33,14 @@ def make_plan(graph: TaskGraph, cluster: Cluster, *, source: str | None = None,
     pieces = split_agents(graph, agent_placement)
     demands, unit = node_demands(graph, source, samples_per_prompt)
     holders = _holders(pieces)
-    requirements = [_requirement(graph, piece, demands) for piece in pieces]
+    try:
+        requirements = [_requirement(graph, piece, demands) for piece in pieces]
+    except PlanningError as exc:
+        if agent_placement == "colocate" and len(graph.agent_groups()) > 1:
+            raise PlanningError(
+                f"{exc}; or spread the agents (workflow.agent_placement=spread): each agent's "
+                "nodes then get ranks of their own") from exc
+        raise
     all_pools = pools(cluster)
     eligible = [eligible_pools(req, cluster, all_pools) for req in requirements]
     _check_eligible(pieces, requirements, eligible, cluster)

@@ -53,12 +53,14 @@ class RolloutExecutor:
             lengths = out.tensors["response_mask"].sum(dim=1).float()  # [B]
             span.set_batch_size(len(out))
             span.add_tokens(int(lengths.sum()))
+        ctx.sink.add("tokens/generated", float(lengths.sum()), Reduce.SUM)
+        if len(out) == 0:  # an empty shard: no lengths to report
+            return out
         ctx.sink.add("response_length/mean", float(lengths.mean()), Reduce.MEAN,
                      weight=len(out))
         ctx.sink.add("response_length/max", float(lengths.max()), Reduce.MAX)
         clipped = (lengths >= params.max_new_tokens).float().mean()
         ctx.sink.add("response_length/clip_ratio", float(clipped), Reduce.MEAN, weight=len(out))
-        ctx.sink.add("tokens/generated", float(lengths.sum()), Reduce.SUM)
         return out
 
 

@@ -38,6 +38,8 @@ class HFRollout:
     @torch.no_grad()
     def _sample(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                 params: SamplingParams) -> torch.Tensor:
+        if prompt_ids.shape[0] == 0:  # an empty shard (fewer groups than ranks): nothing to run
+            return torch.zeros((0, params.max_new_tokens), dtype=torch.long)
         device = next(self.module.parameters()).device
         was_training = self.module.training
         self.module.eval()
