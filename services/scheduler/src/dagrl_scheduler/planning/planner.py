@@ -6,8 +6,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from dagrl.config import AgentPlacement
 from dagrl.workflow import TaskGraph
@@ -33,14 +34,8 @@ def make_plan(graph: TaskGraph, cluster: Cluster, *, source: str | None = None,
     pieces = split_agents(graph, agent_placement)
     demands, unit = node_demands(graph, source, samples_per_prompt)
     holders = _holders(pieces)
-    try:
+    with _suggest_other_placement(graph, agent_placement):
         requirements = [_requirement(graph, piece, demands) for piece in pieces]
-    except PlanningError as exc:
-        if agent_placement == "colocate" and len(graph.agent_groups()) > 1:
-            raise PlanningError(
-                f"{exc}; or spread the agents (workflow.agent_placement=spread): each agent's "
-                "nodes then get ranks of their own") from exc
-        raise
     all_pools = pools(cluster)
     eligible = [eligible_pools(req, cluster, all_pools) for req in requirements]
     _check_eligible(pieces, requirements, eligible, cluster)
@@ -50,14 +45,8 @@ def make_plan(graph: TaskGraph, cluster: Cluster, *, source: str | None = None,
               eligible[i], _label(i, piece), requirements[i].describe())
         for i, (piece, cost) in enumerate(zip(pieces, costs, strict=True))
     ]
-    try:
+    with _suggest_other_placement(graph, agent_placement):
         allotments = apportion(shares, [pool.capacity for pool in all_pools])
-    except InsufficientResourcesError as exc:
-        if agent_placement == "spread" and len(graph.agent_groups()) > 1:
-            raise InsufficientResourcesError(
-                f"{exc}; or place the agents with workflow.agent_placement=colocate (every "
-                "agent on every rank)") from exc
-        raise
     counts = [a.ranks for a in allotments]
     runs = _place(counts, eligible, all_pools, cluster)
     ranks, placements = _number_ranks(runs, cluster)
@@ -79,6 +68,26 @@ def make_plan(graph: TaskGraph, cluster: Cluster, *, source: str | None = None,
         notes=(*_notes(unit, requirements, cluster, world),
                *_agent_notes(graph, ranks_of, agent_placement)),
     )
+
+
+@contextlib.contextmanager
+def _suggest_other_placement(graph: TaskGraph, placement: AgentPlacement) -> Iterator[None]:
+    """A multi-agent plan that fails for want of ranks (spread: every agent needs its own)
+    or for agents on different devices (colocate: all share ranks) names the other one."""
+    try:
+        yield
+    except (InsufficientResourcesError, PlanningError) as exc:
+        if len(graph.agent_groups()) == 1:
+            raise
+        if placement == "spread" and isinstance(exc, InsufficientResourcesError):
+            raise InsufficientResourcesError(
+                f"{exc}; or place the agents with workflow.agent_placement=colocate (every "
+                "agent on every rank)") from exc
+        if placement == "colocate" and isinstance(exc, PlanningError):
+            raise PlanningError(
+                f"{exc}; or spread the agents (workflow.agent_placement=spread): each agent's "
+                "nodes then get ranks of their own") from exc
+        raise
 
 
 def _holders(pieces: Sequence[Sequence[str]]) -> dict[str, int]:
