@@ -288,6 +288,33 @@ def test_plan_works_without_redis_and_jobs_say_what_is_missing(
     assert "DAGRL_REDIS_URL" in caught.value.details()
 
 
+def test_plan_job_places_agents_as_the_job_config_says(make_server: ServerFactory) -> None:
+    """workflow.agent_placement and rollout.n reach the planner through PlanJob."""
+    client = stub(make_server(redis_url=None))
+    yaml_text = (
+        "workflow: {source: two_agent}\nactor_rollout_ref: {rollout: {n: 4}}\n")
+    cluster = scheduler_pb2.ClusterSpec(nodes=[scheduler_pb2.ClusterNode(
+        name="m", device_count=5, device_kind="cpu")])
+
+    def agent_ranks(*overrides: str) -> dict[int, set[int]]:
+        spec = scheduler_pb2.JobSpec(config_yaml=yaml_text, overrides=list(overrides))
+        plan = client.PlanJob(scheduler_pb2.PlanJobRequest(spec=spec, cluster=cluster),
+                              timeout=10).plan
+        ranks: dict[int, set[int]] = {0: set(), 1: set()}
+        for layout in plan.layouts:
+            agent = 1 if layout.node_id.startswith("agent1") or layout.node_id == "reward" else 0
+            ranks[agent].update(layout.ranks)
+        return ranks
+
+    assert agent_ranks() == {0: set(range(5)), 1: set(range(5))}
+    spread = agent_ranks("workflow.agent_placement=spread")
+    assert not spread[0] & spread[1] and spread[0] | spread[1] == set(range(5))
+    with pytest.raises(grpc.RpcError) as caught:
+        agent_ranks("workflow.agent_placement=sideways")
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "agent_placement" in caught.value.details()
+
+
 def test_health_and_reflection_are_served(make_server: ServerFactory) -> None:
     server = make_server()
     channel = grpc.insecure_channel(server.address)
