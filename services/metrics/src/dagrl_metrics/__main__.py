@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import logging
-import signal
 import sys
-from types import FrameType
 
 from dagrl.errors import ConfigError
+from dagrl.rpc.serving import serve_until_signalled
 from dagrl_metrics.config import MetricsConfig
 from dagrl_metrics.server import MetricsServer
 
@@ -22,22 +21,7 @@ def main() -> int:
         print(f"dagrl_metrics: {exc}", file=sys.stderr)
         return 2
     log.info("config:\n%s", config.describe())
-    server = MetricsServer(config)
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("signal %d: stopping", signum)
-        server.stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    try:
-        server.start()
-    except OSError as exc:
-        print(f"dagrl_metrics: {exc}", file=sys.stderr)
-        return 1
-    server.serve()
-    server.stop()
-    return 0
+    return serve_until_signalled("dagrl_metrics", MetricsServer(config))
 
 
 if __name__ == "__main__":

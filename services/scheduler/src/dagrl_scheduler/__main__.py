@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
-from types import FrameType
 
 from dagrl import telemetry
 from dagrl.errors import DagrlError
+from dagrl.rpc.serving import serve_until_signalled
 from dagrl_scheduler.config import SchedulerConfig
 from dagrl_scheduler.server import SchedulerServer
 
@@ -48,23 +47,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.no_redis:
             config = _without_redis(config)
         log.info("settings: %s", config.describe())
-        tracing = telemetry.setup("dagrl-scheduler")  # OTEL_* variables; none: no-op
-        server = SchedulerServer(config).start()
+        server = SchedulerServer(config)
     except DagrlError as exc:
         print(f"dagrl_scheduler: {exc}", file=sys.stderr)
         return 2
-
-    def shut_down(signum: int, _frame: FrameType | None) -> None:
-        log.info("signal %d: stopping", signum)
-        server.stop()
-
-    signal.signal(signal.SIGTERM, shut_down)
-    signal.signal(signal.SIGINT, shut_down)
-    if args.announce:
-        print(f"DAGRL_SCHEDULER_ADDRESS={server.address}", flush=True)
-    server.wait()
-    tracing.shutdown()
-    return 0
+    tracing = telemetry.setup("dagrl-scheduler")  # OTEL_* variables; none: no-op
+    try:
+        return serve_until_signalled(
+            "dagrl_scheduler", server,
+            (lambda: f"DAGRL_SCHEDULER_ADDRESS={server.address}") if args.announce else None)
+    finally:
+        tracing.shutdown()
 
 
 def _without_redis(config: SchedulerConfig) -> SchedulerConfig:

@@ -3,7 +3,7 @@
     server = SchedulerServer(SchedulerConfig.from_env())
     server.start()         # binds host:port (port 0: any free port), idempotent
     server.address         # "127.0.0.1:50051"
-    server.wait()          # until stop()
+    server.serve()         # blocks until stop()
     server.stop()          # idempotent; drivers keep running (a restart re-adopts them)
 """
 
@@ -83,7 +83,8 @@ class SchedulerServer:
         except UnavailableError as exc:
             log.warning("job store not reachable yet (%s); retrying on the first job RPC", exc)
 
-    def wait(self) -> None:
+    def serve(self) -> None:
+        """Block until `stop()` (from another thread or a signal handler)."""
         self._stopped.wait()
 
     def stop(self, grace_s: float = 2.0) -> None:
