@@ -66,6 +66,9 @@ def test_reward_curve_prefers_the_standard_key() -> None:
     assert reward_metric_key([a]) == "critic/score/mean"
     assert reward_metric_key([b]) == "env/reward"
     assert reward_metric_key([metrics_pb2.StepSummary()]) is None
+    agents = metrics_pb2.StepSummary(metrics={
+        f"agent{g}/critic/score/{stat}": 0.5 for g in (0, 1, 2, 10) for stat in ("max", "mean")})
+    assert reward_metric_key([agents]) == "agent10/critic/score/mean"
 
 
 def test_index_lists_jobs() -> None:

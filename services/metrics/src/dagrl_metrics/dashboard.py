@@ -50,10 +50,15 @@ def render_job(job_id: str, steps: Sequence[metrics_pb2.StepSummary],
 
 
 def reward_metric_key(steps: Sequence[metrics_pb2.StepSummary]) -> str | None:
-    """The step metric drawn as the reward curve: the standard key, else one naming reward."""
+    """The step metric drawn as the reward curve: the standard key; in a multi-agent job the
+    last agent's (`agent{g}/critic/score/mean`, the chain's final answer); else one naming
+    reward."""
     keys = {k for s in steps for k in s.metrics}
     if names.STEP_METRIC_REWARD_MEAN in keys:
         return names.STEP_METRIC_REWARD_MEAN
+    per_agent = [k for k in keys if k.endswith(f"/{names.STEP_METRIC_REWARD_MEAN}")]
+    if per_agent:
+        return max(per_agent, key=lambda k: (len(k), k))  # agent10 after agent9
     candidates = sorted(k for k in keys if "reward" in k or "score" in k)
     return candidates[0] if candidates else None
 
