@@ -9,11 +9,12 @@ import yaml
 from dagrl.batch import Batch
 from dagrl.data import make_dataset
 from dagrl.errors import InvalidInputError
+from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.workflow import load_workflow
 from dagrl_worker.dag_worker import DAGWorker
 from dagrl_worker.dataflow import lineage_link
 from dagrl_worker.executors.base import Executor, StepContext
-from dagrl_worker.plan_view import colocated_plan
+from dagrl_worker.plan_view import PlanView, colocated_plan
 from dagrl_worker.spec import WorkerSpec
 
 
@@ -295,6 +296,19 @@ def test_a_field_no_upstream_node_adds_is_a_workflow_error(tiny_checkpoint: Path
                        r"'old_log_probs'.*add an ACTOR node \(MODEL_TRAIN\) with "
                        r"only_forward_compute: true upstream"):
         worker.run_step(1)
+
+
+def test_dynamic_sampling_with_its_upstream_on_other_ranks_is_refused(tiny_checkpoint: Path,
+                                                                      tmp_path: Path) -> None:
+    worker = make_worker(tiny_checkpoint, tmp_path, "dapo")
+    plan = scheduler_pb2.Plan(world_size=2)
+    for node in worker.graph.nodes:
+        plan.layouts.add(node_id=node.node_id, dp_size=1, tp_size=1, pp_size=1,
+                         ranks=[1 if node.node_id == "rollout" else 0])
+    worker.plan = PlanView(plan)
+    with pytest.raises(InvalidInputError, match=r"node 'dynamic_sampling' \(DYNAMIC_SAMPLING\) "
+                       r"reruns .* but the plan puts 'rollout' on other ranks"):
+        worker.init_graph()
 
 
 def contains(tokens: list[int], part: list[int]) -> bool:

@@ -34,7 +34,7 @@ from dagrl.config import JobConfig
 from dagrl.envs import check_agent_nodes
 from dagrl.errors import InvalidInputError
 from dagrl.models import load_tokenizer
-from dagrl.workflow import NodeRole
+from dagrl.workflow import NodeRole, TaskGraph
 from dagrl_databuffer.keys import attempt_namespace
 from dagrl_worker import checkpoint
 from dagrl_worker.builder import build_agent_models, build_executor
@@ -43,6 +43,7 @@ from dagrl_worker.dataflow import EdgeRouter, ShardStore, join_by_uid
 from dagrl_worker.executors.base import AgentModels, Executor, StepContext
 from dagrl_worker.executors.models import copy_weights
 from dagrl_worker.metrics import MetricSink, Reduce, Summary
+from dagrl_worker.plan_view import PlanView
 from dagrl_worker.prompt_source import PromptSource
 from dagrl_worker.prompts import dp_slice, prompts_to_batch
 from dagrl_worker.rollout import HFRollout
@@ -118,6 +119,7 @@ class DAGWorker:
         Returns (first step to run, total training steps).
         """
         check_agent_nodes(self.graph)  # as the scheduler does; a Driver may run without it
+        _check_redraws_stay_local(self.graph, self.plan)
         resume = self._latest_folder() if attempt else self._resume_folder()
         self.data_job = attempt_namespace(self.spec.job_id, attempt)
         policy_path = self.config.actor_rollout_ref.model.path
@@ -348,6 +350,22 @@ def run_node(executor: Executor, node_id: str, batch: Batch, ctx: StepContext) -
             f"node {node_id!r} reads field {field!r}, which its input does not carry "
             f"(fields: {', '.join(sorted(batch.field_names))}); add {_PRODUCED_BY[field]} "
             "upstream of it in the workflow") from exc
+
+
+def _check_redraws_stay_local(graph: TaskGraph, plan: PlanView) -> None:
+    """A DYNAMIC_SAMPLING node redraws prompts by rerunning its ancestors on its own ranks
+    (`DAGWorker._regenerate`): they must all run there, with the same layout."""
+    for node in graph.nodes:
+        if node.node_role != NodeRole.DYNAMIC_SAMPLING:
+            continue
+        ranks = plan.layout(node.node_id).ranks
+        elsewhere = [a for a in graph.ancestors(node.node_id) if plan.layout(a).ranks != ranks]
+        if elsewhere:
+            raise InvalidInputError(
+                f"node {node.node_id!r} (DYNAMIC_SAMPLING) reruns its upstream nodes on its own "
+                f"ranks {list(ranks)} to redraw prompts, but the plan puts "
+                f"{', '.join(repr(a) for a in elsewhere)} on other ranks; keep them together "
+                "(workflow.agent_placement=colocate for a multi-agent workflow)")
 
 
 def total_training_steps(config: JobConfig, batches_per_epoch: int) -> int:
