@@ -25,7 +25,9 @@ class NodeConfig:
     pp_size: int = option(1, "pipeline-parallel size")
     device_kind: str | None = option(None, "required device kind, e.g. H100 (None: any)")
     min_device_memory_gib: float | None = option(None, "required device memory per rank")
-    model_path: str | None = option(None, "checkpoint of this node's model (default: the job's)")
+    model_path: str | None = option(
+        None, "checkpoint of this node's agent's policy (ACTOR/ROLLOUT/REFERENCE nodes) or "
+        "critic (CRITIC nodes); default: the job's")
     adv_estimator: AdvEstimator | None = option(None, "ADVANTAGE: overrides algorithm's")
     reward_fn: str | None = option(None, "REWARD: `module:function` scorer for this node")
 

@@ -8,7 +8,8 @@ import yaml
 
 from dagrl.batch import Batch
 from dagrl.data import make_dataset
-from dagrl.errors import InvalidInputError
+from dagrl.errors import ConfigError, InvalidInputError
+from dagrl.models import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.workflow import load_workflow
 from dagrl_worker.dag_worker import DAGWorker
@@ -309,6 +310,36 @@ def test_dynamic_sampling_with_its_upstream_on_other_ranks_is_refused(tiny_check
     with pytest.raises(InvalidInputError, match=r"node 'dynamic_sampling' \(DYNAMIC_SAMPLING\) "
                        r"reruns .* but the plan puts 'rollout' on other ranks"):
         worker.init_graph()
+
+
+def test_each_agent_may_have_its_own_checkpoint(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """Agent 1's model comes from the `model_path` on its rollout node: its policy, reference
+    and rollout are that checkpoint; agent 0 keeps the job's."""
+    other = tmp_path / "other_model"
+    build_tiny_model(TinyModelSpec(hidden_size=32, num_layers=1, intermediate_size=64),
+                     build_char_tokenizer(), other)
+    workflow = load_workflow("two_agent").to_dict()
+    for node in workflow["nodes"]:
+        if node["node_id"] == "agent1_rollout":
+            node["config"] = {"model_path": str(other)}
+    path = tmp_path / "two_models.yaml"
+    path.write_text(yaml.safe_dump(workflow))
+    worker = make_worker(tiny_checkpoint, tmp_path, str(path))
+    worker.init_graph()
+    sizes = {agent: worker.models[agent].actor.inner.config.hidden_size for agent in (0, 1)}
+    assert sizes == {0: 64, 1: 32}
+    assert worker.models[1].reference.config.hidden_size == 32
+    before = actor_params(worker, 1)
+    assert "agent1/actor/pg_loss" in worker.run_step(1)
+    assert any(not torch.equal(a, b) for a, b in zip(before, actor_params(worker, 1),
+                                                     strict=True))
+
+    for node in workflow["nodes"]:
+        if node["node_id"] == "agent1_actor_train":
+            node["config"] = {"model_path": str(tiny_checkpoint)}
+    path.write_text(yaml.safe_dump(workflow))
+    with pytest.raises(ConfigError, match="agent 1's actor model has one checkpoint"):
+        make_worker(tiny_checkpoint, tmp_path, str(path)).init_graph()
 
 
 def contains(tokens: list[int], part: list[int]) -> bool:

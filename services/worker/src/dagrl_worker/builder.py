@@ -66,13 +66,26 @@ def _load_value_model(path: str, dtype: str) -> Any:
         path, num_labels=1, dtype=getattr(torch, dtype), local_files_only=True)
 
 
+# The node roles that run each model of an agent: the policy also serves the rollout and, as
+# it was at the start, the frozen reference.
+_MODEL_USERS = {NodeRole.ACTOR: (NodeRole.ACTOR, NodeRole.ROLLOUT, NodeRole.REFERENCE),
+                NodeRole.CRITIC: (NodeRole.CRITIC,)}
+
+
 def model_path(graph: TaskGraph, agent_group: int, role: NodeRole, config: JobConfig) -> str:
-    """A node-level `model_path` for this agent and role wins over the job's model paths."""
-    for node in graph.nodes:
-        if node.agent_group == agent_group and node.node_role == role:
-            path = node_config(node.node_id, node.config).model_path
-            if path:
-                return path
+    """The checkpoint of an agent's policy (`role` ACTOR) or critic (CRITIC): the
+    `config.model_path` of any node of the agent that runs that model (they must agree), else
+    the job's model paths."""
+    given = {node.node_id: path for node in graph.nodes
+             if node.agent_group == agent_group and node.node_role in _MODEL_USERS[role]
+             and (path := node_config(node.node_id, node.config).model_path)}
+    if len(set(given.values())) > 1:
+        named = ", ".join(f"{n!r}: {p}" for n, p in sorted(given.items()))
+        raise ConfigError(f"agent {agent_group}'s {role.name.lower()} model has one checkpoint, "
+                          f"but its nodes give different config.model_path ({named}); make "
+                          "them agree or set it on one node")
+    if given:
+        return next(iter(given.values()))
     if role == NodeRole.CRITIC and config.critic.model.path:
         return config.critic.model.path
     return config.actor_rollout_ref.model.path
