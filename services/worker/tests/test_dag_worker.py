@@ -82,25 +82,28 @@ def test_validation_reports_per_data_source(tiny_checkpoint: Path, tmp_path: Pat
     assert reducer == "mean" and 0.0 <= accuracy <= 1.0 and weight == 8
 
 
-def test_resume_continues_exactly(tiny_checkpoint: Path, tmp_path: Path) -> None:
-    straight = make_worker(tiny_checkpoint, tmp_path / "a", resume_mode="disable")
+@pytest.mark.parametrize("workflow", ["grpo", "two_agent"])
+def test_resume_continues_exactly(tiny_checkpoint: Path, tmp_path: Path, workflow: str) -> None:
+    agents = (0, 1) if workflow == "two_agent" else (0,)
+    straight = make_worker(tiny_checkpoint, tmp_path / "a", workflow, resume_mode="disable")
     straight.init_graph()
     for step in (1, 2, 3):
         straight.run_step(step)
-    expected = actor_params(straight)
+    expected = {agent: actor_params(straight, agent) for agent in agents}
 
-    first = make_worker(tiny_checkpoint, tmp_path / "b", save_freq=1)
+    first = make_worker(tiny_checkpoint, tmp_path / "b", workflow, save_freq=1)
     first.init_graph()
     first.run_step(1)
     first.save_checkpoint(1)
     del first
-    resumed = make_worker(tiny_checkpoint, tmp_path / "b", save_freq=1)
+    resumed = make_worker(tiny_checkpoint, tmp_path / "b", workflow, save_freq=1)
     next_step, _ = resumed.init_graph()
     assert next_step == 2
     for step in (2, 3):
         resumed.run_step(step)
-    for a, b in zip(expected, actor_params(resumed), strict=True):
-        assert torch.max(torch.abs(a - b)) <= 1e-6
+    for agent in agents:  # every agent's model, optimizer and RNG come back
+        for a, b in zip(expected[agent], actor_params(resumed, agent), strict=True):
+            assert torch.max(torch.abs(a - b)) <= 1e-6
 
 
 def test_a_restart_resumes_from_the_latest_checkpoint_in_a_fresh_data_namespace(
