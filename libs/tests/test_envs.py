@@ -165,19 +165,22 @@ def test_check_agent_nodes_lists_every_problem_naming_node_and_key() -> None:
         rollout("a0", ("tools",), env="math", turns=3),
         rollout("a1", ("a0",), group=1, env="calculator", chain_template=chain),
         rollout("orphan", ("prompts",), chain_template=chain),
+        rollout("late", ("prompts", "a0"), group=2, chain_template=chain),  # a0 must come first
         Node("reward", NodeType.COMPUTE, NodeRole.REWARD, ("a1",),
              agent_options={"env": "math"}),
     ])
     with pytest.raises(ConfigError) as caught:
         check_agent_nodes(graph, "flows/agents.yaml")
     problems = caught.value.problems
-    assert "flows/agents.yaml" in str(caught.value) and len(problems) == 4
+    assert "flows/agents.yaml" in str(caught.value) and len(problems) == 5
     assert problems[0].startswith("node 'tools' is ENV_INTERACT") and (
         "agent_options.env" in problems[0])
     assert problems[1].startswith("node 'a0': agent_options.turns: unknown key")
     assert problems[2].startswith("node 'reward' (COMPUTE, role REWARD) has agent_options")
-    assert problems[3].startswith("node 'orphan': agent_options.chain_template is set but none "
-                                  "of its dependencies (prompts) is a ROLLOUT node")
+    for problem, node in zip(problems[3:], ("orphan", "late"), strict=True):
+        assert problem.startswith(f"node {node!r}: agent_options.chain_template is set but its "
+                                  "first dependency (prompts) does not carry a ROLLOUT node's "
+                                  "samples")
 
 
 def test_check_agent_nodes_accepts_chained_multi_turn_agents_and_the_builtins() -> None:

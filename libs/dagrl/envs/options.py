@@ -119,9 +119,9 @@ def is_chain_rollout(node: Node) -> bool:
 
 def row_origin(graph: TaskGraph, node_id: str) -> str:
     """The node whose rows `node_id` carries. A node's rows are its first dependency's (a
-    fan-in joins the other parents onto them), back to an entry node or to a chained ROLLOUT
-    node, which makes rows of its own (n per input row)."""
-    while graph[node_id].dependencies and not is_chain_rollout(graph[node_id]):
+    fan-in joins the other parents onto them), back to an entry node or to a ROLLOUT node,
+    which makes rows of its own (n samples per input row)."""
+    while graph[node_id].dependencies and not is_rollout_node(graph[node_id]):
         node_id = graph[node_id].dependencies[0]
     return node_id
 
@@ -160,15 +160,18 @@ def agent_node_problems(node: Node) -> list[str]:
 
 def check_agent_nodes(graph: TaskGraph, source: str | None = None) -> None:
     """ConfigError (INVALID_ARGUMENT) listing every node's `agent_node_problems`, and each
-    chained rollout (chain_template) none of whose dependencies is a ROLLOUT node; `source`
-    names the workflow in the message."""
+    chained rollout (chain_template) whose first dependency does not carry a ROLLOUT node's
+    samples (`row_origin`); `source` names the workflow in the message."""
     problems = [problem for node in graph.nodes for problem in agent_node_problems(node)]
     for node in graph.nodes:
-        if is_chain_rollout(node) and not any(is_rollout_node(graph[d]) for d in node.dependencies):
+        first = node.dependencies[0] if node.dependencies else None
+        if is_chain_rollout(node) and (
+                first is None or not is_rollout_node(graph[row_origin(graph, first)])):
             problems.append(
-                f"node {node.node_id!r}: agent_options.chain_template is set but none of its "
-                f"dependencies ({', '.join(node.dependencies) or 'none'}) is a ROLLOUT node: "
-                "a chained agent prompts with the previous agent's samples; add that agent's "
-                "ROLLOUT node to its dependencies, or remove chain_template")
+                f"node {node.node_id!r}: agent_options.chain_template is set but its first "
+                f"dependency ({first or 'none'}) does not carry a ROLLOUT node's samples: a "
+                "chained agent prompts with the previous agent's samples; list that agent's "
+                "ROLLOUT node (or a node after it) first in its dependencies, or remove "
+                "chain_template")
     if problems:
         raise ConfigError(problems, source=source or f"workflow {graph.dag_id!r}")

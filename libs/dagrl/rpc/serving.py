@@ -34,13 +34,14 @@ def serve_until_signalled(name: str, server: Servable,
         log.info("signal %d: stopping", signum)
         server.stop()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     try:
         server.start()
     except (DagrlError, OSError) as exc:
         print(f"{name}: cannot start: {exc}", file=sys.stderr)
         return 1
+    # after start: a stop() before it would be lost (until then, a signal ends the process)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     if announce is not None:
         print(announce(), flush=True)
     server.serve()

@@ -170,3 +170,15 @@ def test_agents_on_different_devices_must_spread_and_are_told_so() -> None:
     plan = make_plan(graph, cluster, agent_placement="spread")
     assert {p.node_name for p in plan.placements if p.rank in plan.layout("agent1_rollout").ranks
             } == {"h"}
+
+
+def test_spread_is_not_suggested_when_one_agent_mixes_device_kinds() -> None:
+    workflow = load_workflow("two_agent").to_dict()
+    for node in workflow["nodes"]:
+        kind = "H100" if node["node_id"] == "agent0_actor_train" else "A10"
+        node["config"] = {**node.get("config", {}), "device_kind": kind}
+    graph = parse_workflow(yaml.safe_dump(workflow))
+    cluster = Cluster((ClusterNode("a", 2, "A10"), ClusterNode("h", 2, "H100")))
+    with pytest.raises(PlanningError) as caught:
+        make_plan(graph, cluster)
+    assert "agent_placement" not in str(caught.value)

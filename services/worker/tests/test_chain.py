@@ -54,6 +54,12 @@ def test_a_sample_nobody_answered_is_an_error() -> None:
         join_by_uid([agent0_batch(), agent1_scored(["p:0/0"], [1.0])])
 
 
+def test_answers_to_other_samples_say_scores_flow_back_one_level_at_a_time() -> None:
+    grandchildren = agent1_scored(["p:0/0|a1/0", "p:0/1|a1/0"], [1.0, 0.0])  # agent 2's
+    with pytest.raises(BatchError, match=r"answer other samples .* one chain level per join"):
+        join_by_uid([agent0_batch(), grandchildren])
+
+
 def answer_7_then_9(context: str) -> str:
     """The scripted policy: 7, and 9 once MathEnv said that was wrong."""
     return "9" if WRONG_THEN_RIGHT in context else "7"

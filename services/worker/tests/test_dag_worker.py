@@ -345,5 +345,24 @@ def test_each_agent_may_have_its_own_checkpoint(tiny_checkpoint: Path, tmp_path:
         make_worker(tiny_checkpoint, tmp_path, str(path)).init_graph()
 
 
+def test_agents_whose_tokenizers_differ_are_refused(tiny_checkpoint: Path,
+                                                    tmp_path: Path) -> None:
+    """Prompts are tokenized once and a chain passes tokens: one vocabulary for all agents."""
+    other = tmp_path / "other_vocab"
+    tokenizer = build_char_tokenizer()
+    tokenizer.add_tokens(["<extra>"])
+    build_tiny_model(TinyModelSpec(hidden_size=32, num_layers=1, intermediate_size=64),
+                     tokenizer, other)
+    workflow = load_workflow("two_agent").to_dict()
+    for node in workflow["nodes"]:
+        if node["node_id"] == "agent1_rollout":
+            node["config"] = {"model_path": str(other)}
+    path = tmp_path / "two_vocabularies.yaml"
+    path.write_text(yaml.safe_dump(workflow))
+    with pytest.raises(ConfigError, match=r"agent\(s\) \[1\] use checkpoint .*other_vocab.*"
+                       "tokenizer differs"):
+        make_worker(tiny_checkpoint, tmp_path, str(path)).init_graph()
+
+
 def contains(tokens: list[int], part: list[int]) -> bool:
     return any(tokens[i:i + len(part)] == part for i in range(len(tokens) - len(part) + 1))

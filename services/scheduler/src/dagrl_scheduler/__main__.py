@@ -48,10 +48,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             config = _without_redis(config)
         log.info("settings: %s", config.describe())
         server = SchedulerServer(config)
+        tracing = telemetry.setup("dagrl-scheduler")  # OTEL_* variables; none: no-op
     except DagrlError as exc:
         print(f"dagrl_scheduler: {exc}", file=sys.stderr)
         return 2
-    tracing = telemetry.setup("dagrl-scheduler")  # OTEL_* variables; none: no-op
     try:
         return serve_until_signalled(
             "dagrl_scheduler", server,

@@ -18,7 +18,11 @@ from typing import Any, cast
 
 import torch
 import torch.distributed as dist
-from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForTokenClassification,
+    PreTrainedTokenizerBase,
+)
 
 from dagrl.batch import Batch
 from dagrl.config import JobConfig, node_config
@@ -89,6 +93,29 @@ def model_path(graph: TaskGraph, agent_group: int, role: NodeRole, config: JobCo
     if role == NodeRole.CRITIC and config.critic.model.path:
         return config.critic.model.path
     return config.actor_rollout_ref.model.path
+
+
+def shared_tokenizer(graph: TaskGraph, config: JobConfig) -> PreTrainedTokenizerBase:
+    """The one tokenizer of a workflow's agents: prompts are tokenized once and a chain passes
+    tokens, not text. ConfigError naming the checkpoints when two agents' tokenizers differ."""
+    paths = {agent: model_path(graph, agent, NodeRole.ACTOR, config)
+             for agent in graph.agent_groups()}
+    loaded = {path: load_tokenizer(path) for path in sorted(set(paths.values()))}
+    first = paths[min(paths)]
+    reference = loaded[first]
+    for path, tokenizer in loaded.items():
+        if _tokenizer_identity(tokenizer) != _tokenizer_identity(reference):
+            agents = sorted(a for a, p in paths.items() if p == path)
+            raise ConfigError(
+                f"agent(s) {agents} use checkpoint {path!r}, whose tokenizer differs from "
+                f"{first!r}'s (vocabulary or special tokens); the agents of a workflow must "
+                "share one tokenizer: prompts are tokenized once and tokens pass along a chain")
+    return reference
+
+
+def _tokenizer_identity(tokenizer: PreTrainedTokenizerBase) -> tuple[Any, ...]:
+    return (tokenizer.get_vocab(), tokenizer.pad_token_id, tokenizer.eos_token_id,
+            tokenizer.bos_token_id)
 
 
 def build_agent_models(graph: TaskGraph, my_nodes: set[str], agent_group: int,

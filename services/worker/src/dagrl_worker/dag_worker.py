@@ -33,11 +33,10 @@ from dagrl.batch import Batch
 from dagrl.config import JobConfig
 from dagrl.envs import check_agent_nodes
 from dagrl.errors import InvalidInputError
-from dagrl.models import load_tokenizer
 from dagrl.workflow import NodeRole, TaskGraph
 from dagrl_databuffer.keys import attempt_namespace
 from dagrl_worker import checkpoint
-from dagrl_worker.builder import build_agent_models, build_executor
+from dagrl_worker.builder import build_agent_models, build_executor, shared_tokenizer
 from dagrl_worker.config import WorkerSettings
 from dagrl_worker.dataflow import EdgeRouter, ShardStore, join_by_uid
 from dagrl_worker.executors.base import AgentModels, Executor, StepContext
@@ -122,9 +121,7 @@ class DAGWorker:
         _check_redraws_stay_local(self.graph, self.plan)
         resume = self._latest_folder() if attempt else self._resume_folder()
         self.data_job = attempt_namespace(self.spec.job_id, attempt)
-        policy_path = self.config.actor_rollout_ref.model.path
-        tokenizer = load_tokenizer(policy_path)
-        self.prompts_source = PromptSource(self.config, tokenizer)
+        self.prompts_source = PromptSource(self.config, shared_tokenizer(self.graph, self.config))
         self.total_steps = total_training_steps(self.config,
                                                 self.prompts_source.batches_per_epoch)
         for agent in sorted({self.graph[n].agent_group for n in self.my_nodes}):

@@ -212,6 +212,11 @@ def scores_by_lineage(parents: Batch, children: Batch) -> Batch:
                              strict=True):
         totals.setdefault(parent, []).append(score)
     orphans = [uid for uid in parents.uids if uid not in totals]
+    if orphans and len(orphans) == len(parents) and totals:
+        raise BatchError(
+            f"fan-in by lineage: the later agent's samples answer other samples (e.g. "
+            f"{next(iter(totals))!r}) than these (e.g. {orphans[0]!r}); scores flow back one "
+            "chain level per join: join each agent with the agent right after it")
     if orphans:
         raise BatchError(f"fan-in by lineage: {len(orphans)} samples (e.g. {orphans[0]!r}) "
                          "have no later-agent sample scored; every sample must be answered")

@@ -34,7 +34,7 @@ def make_plan(graph: TaskGraph, cluster: Cluster, *, source: str | None = None,
     pieces = split_agents(graph, agent_placement)
     demands, unit = node_demands(graph, source, samples_per_prompt)
     holders = _holders(pieces)
-    with _suggest_other_placement(graph, agent_placement):
+    with _suggest_other_placement(graph, agent_placement, demands):
         requirements = [_requirement(graph, piece, demands) for piece in pieces]
     all_pools = pools(cluster)
     eligible = [eligible_pools(req, cluster, all_pools) for req in requirements]
@@ -45,7 +45,7 @@ def make_plan(graph: TaskGraph, cluster: Cluster, *, source: str | None = None,
               eligible[i], _label(i, piece), requirements[i].describe())
         for i, (piece, cost) in enumerate(zip(pieces, costs, strict=True))
     ]
-    with _suggest_other_placement(graph, agent_placement):
+    with _suggest_other_placement(graph, agent_placement, demands):
         allotments = apportion(shares, [pool.capacity for pool in all_pools])
     counts = [a.ranks for a in allotments]
     runs = _place(counts, eligible, all_pools, cluster)
@@ -71,9 +71,11 @@ def make_plan(graph: TaskGraph, cluster: Cluster, *, source: str | None = None,
 
 
 @contextlib.contextmanager
-def _suggest_other_placement(graph: TaskGraph, placement: AgentPlacement) -> Iterator[None]:
+def _suggest_other_placement(graph: TaskGraph, placement: AgentPlacement,
+                             demands: Mapping[str, NodeDemand]) -> Iterator[None]:
     """A multi-agent plan that fails for want of ranks (spread: every agent needs its own)
-    or for agents on different devices (colocate: all share ranks) names the other one."""
+    or for agents on different devices (colocate: all share ranks, and spreading helps when
+    each agent's own nodes agree on a device kind) names the other one."""
     try:
         yield
     except (InsufficientResourcesError, PlanningError) as exc:
@@ -83,7 +85,11 @@ def _suggest_other_placement(graph: TaskGraph, placement: AgentPlacement) -> Ite
             raise InsufficientResourcesError(
                 f"{exc}; or place the agents with workflow.agent_placement=colocate (every "
                 "agent on every rank)") from exc
-        if placement == "colocate" and isinstance(exc, PlanningError):
+        kinds_per_agent = [{demands[n.node_id].device_kind for n in graph.nodes
+                            if n.agent_group == agent and demands[n.node_id].device_kind}
+                           for agent in graph.agent_groups()]
+        spreading_helps = all(len(kinds) <= 1 for kinds in kinds_per_agent)
+        if placement == "colocate" and isinstance(exc, PlanningError) and spreading_helps:
             raise PlanningError(
                 f"{exc}; or spread the agents (workflow.agent_placement=spread): each agent's "
                 "nodes then get ranks of their own") from exc
