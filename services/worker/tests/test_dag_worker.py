@@ -1,6 +1,7 @@
 """A DAGWorker on one rank, driven directly (no Ray): steps train, checkpoints resume exactly."""
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -315,18 +316,25 @@ def test_dynamic_sampling_with_its_upstream_on_other_ranks_is_refused(tiny_check
         worker.init_graph()
 
 
-def test_each_agent_may_have_its_own_checkpoint(tiny_checkpoint: Path, tmp_path: Path) -> None:
-    """Agent 1's model comes from the `model_path` on its rollout node: its policy, reference
-    and rollout are that checkpoint; agent 0 keeps the job's."""
-    other = tmp_path / "other_model"
+def two_agent_with_agent1_model(tmp_path: Path, tokenizer: Any) -> tuple[Path, dict]:
+    """`two_agent` whose agent 1 runs a smaller model (`model_path` on its rollout node) built
+    with `tokenizer`; the workflow file and its data."""
+    other = tmp_path / "agent1_model"
     build_tiny_model(TinyModelSpec(hidden_size=32, num_layers=1, intermediate_size=64),
-                     build_char_tokenizer(), other)
+                     tokenizer, other)
     workflow = load_workflow("two_agent").to_dict()
     for node in workflow["nodes"]:
         if node["node_id"] == "agent1_rollout":
             node["config"] = {"model_path": str(other)}
     path = tmp_path / "two_models.yaml"
     path.write_text(yaml.safe_dump(workflow))
+    return path, workflow
+
+
+def test_each_agent_may_have_its_own_checkpoint(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """Agent 1's model comes from the `model_path` on its rollout node: its policy, reference
+    and rollout are that checkpoint; agent 0 keeps the job's."""
+    path, workflow = two_agent_with_agent1_model(tmp_path, build_char_tokenizer())
     worker = make_worker(tiny_checkpoint, tmp_path, str(path))
     worker.init_graph()
     sizes = {agent: worker.models[agent].actor.inner.config.hidden_size for agent in (0, 1)}
@@ -348,18 +356,10 @@ def test_each_agent_may_have_its_own_checkpoint(tiny_checkpoint: Path, tmp_path:
 def test_agents_whose_tokenizers_differ_are_refused(tiny_checkpoint: Path,
                                                     tmp_path: Path) -> None:
     """Prompts are tokenized once and a chain passes tokens: one vocabulary for all agents."""
-    other = tmp_path / "other_vocab"
     tokenizer = build_char_tokenizer()
     tokenizer.add_tokens(["<extra>"])
-    build_tiny_model(TinyModelSpec(hidden_size=32, num_layers=1, intermediate_size=64),
-                     tokenizer, other)
-    workflow = load_workflow("two_agent").to_dict()
-    for node in workflow["nodes"]:
-        if node["node_id"] == "agent1_rollout":
-            node["config"] = {"model_path": str(other)}
-    path = tmp_path / "two_vocabularies.yaml"
-    path.write_text(yaml.safe_dump(workflow))
-    with pytest.raises(ConfigError, match=r"agent\(s\) \[1\] use checkpoint .*other_vocab.*"
+    path, _ = two_agent_with_agent1_model(tmp_path, tokenizer)
+    with pytest.raises(ConfigError, match=r"agent\(s\) \[1\] use checkpoint .*agent1_model.*"
                        "tokenizer differs"):
         make_worker(tiny_checkpoint, tmp_path, str(path)).init_graph()
 
