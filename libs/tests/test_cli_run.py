@@ -1,7 +1,15 @@
-"""`dagrl run`'s progress bar figures."""
+"""The dagrl CLI's own behaviour: argument handling, early checks, progress bar figures."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dagrl.cli.client import build_job_spec, cluster_from_args
+from dagrl.cli.main import build_parser, main, parse
 from dagrl.cli.run_cmd import progress_fields
 
 
@@ -17,3 +25,56 @@ def test_each_agent_of_a_multi_agent_job_gets_its_own_figures() -> None:
                              "perf/throughput": 10.0})
     assert shown == {"a0.score": "0.25", "a1.score": "0.5", "a1.pg_loss": "0.1",
                      "tok/s": "10"}
+
+
+EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "two_agent_math.yaml")
+
+
+def test_overrides_may_follow_the_flags() -> None:
+    args = parse(build_parser(), ["plan", EXAMPLE, "a.b=1", "--nodes", "2", "c.d=2"])
+    assert args.overrides == ["a.b=1", "c.d=2"] and args.nodes == 2
+    with pytest.raises(SystemExit):
+        parse(build_parser(), ["plan", EXAMPLE, "--bogus"])
+    with pytest.raises(SystemExit):
+        parse(build_parser(), ["status", "--scheduler", "h:1", "x.y=1", "z=2"])
+
+
+def test_cluster_counts_must_be_positive_and_a_missing_one_is_the_jobs(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    for bad in ("0", "-1", "two"):
+        with pytest.raises(SystemExit):
+            parse(build_parser(), ["plan", EXAMPLE, "--nodes", bad])
+    assert "--nodes" in capsys.readouterr().err
+    args = parse(build_parser(), ["plan", EXAMPLE, "--nodes", "3"])
+    spec = build_job_spec(EXAMPLE, ["trainer.n_ranks_per_node=4"])
+    cluster = cluster_from_args(args, spec)
+    assert [n.device_count for n in cluster.nodes] == [4, 4, 4]
+
+
+def test_job_mistakes_are_reported_before_any_service_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", EXAMPLE, "workflow.agent_placement=bogus"]) == 2
+    err = capsys.readouterr().err
+    assert "and its command-line overrides" in err and "'bogus' is not one of" in err
+    (tmp_path / "job.yaml").write_text("workflow: {source: nosuchflow}\n")
+    assert main(["config", str(tmp_path / "job.yaml")]) == 2
+    assert "nosuchflow" in capsys.readouterr().err
+    assert main(["status", "--scheduler", "garbage"]) == 2
+    assert "is not HOST:PORT" in capsys.readouterr().err
+
+
+def test_workflow_checks_agent_options_like_the_scheduler(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    flow = tmp_path / "flow.yaml"
+    flow.write_text("dag_id: f\nnodes:\n"
+                    "  - {node_id: r, node_type: MODEL_INFERENCE, node_role: ROLLOUT,\n"
+                    "     agent_options: {chain_templat: x}}\n")
+    assert main(["workflow", str(flow)]) == 2
+    assert "chain_templat: unknown key" in capsys.readouterr().err
+
+
+def test_a_reader_that_stops_early_is_not_an_error() -> None:
+    done = subprocess.run(
+        f"{sys.executable} -m dagrl.cli.main workflow two_agent --format mermaid | head -1",
+        shell=True, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "flowchart TD" and "Traceback" not in done.stderr

@@ -24,7 +24,7 @@ from typing import IO, Any
 import grpc
 import yaml
 
-from dagrl.config import apply_overrides
+from dagrl.config import TrainerConfig, apply_overrides, parse_yaml_mapping
 from dagrl.errors import DagrlError, InvalidInputError, UnavailableError
 from dagrl.local import stop_process
 from dagrl.rpc.auth import with_bearer_token
@@ -55,9 +55,11 @@ def add_token_option(parser: argparse.ArgumentParser) -> None:
 
 def add_cluster_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
-        "cluster", "where to plan (default: trainer.nnodes x trainer.n_ranks_per_node)")
-    group.add_argument("--nodes", type=int, help="machines")
-    group.add_argument("--devices-per-node", type=int, help="GPUs (or CPU slots) per machine")
+        "cluster", "where to plan (default: trainer.nnodes x trainer.n_ranks_per_node; a flag "
+        "not given takes the job's value)")
+    group.add_argument("--nodes", type=_at_least_one, help="machines")
+    group.add_argument("--devices-per-node", type=_at_least_one,
+                       help="GPUs (or CPU slots) per machine")
     group.add_argument("--device-kind", default="cpu", help="cpu, cuda, H100, ... (default cpu)")
     group.add_argument("--device-memory-gib", type=float, default=0.0,
                        help="memory per device (default: unknown)")
@@ -66,19 +68,47 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
                             "device_memory_gib}, ...]` for a heterogeneous cluster")
 
 
-def cluster_from_args(args: argparse.Namespace) -> scheduler_pb2.ClusterSpec:
-    """The cluster the flags describe; empty when none is given (the scheduler uses the config)."""
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def cluster_from_args(args: argparse.Namespace,
+                      spec: scheduler_pb2.JobSpec) -> scheduler_pb2.ClusterSpec:
+    """The cluster the flags describe; empty when none is given (the scheduler uses the config).
+    A count flag not given takes the job's `trainer` value."""
     if args.cluster:
         return _cluster_file(args.cluster)
     if args.nodes is None and args.devices_per_node is None:
         return scheduler_pb2.ClusterSpec()
-    nodes, per_node = args.nodes or 1, args.devices_per_node or 1
+    nodes = args.nodes if args.nodes is not None else _trainer_setting(spec, "nnodes")
+    per_node = (args.devices_per_node if args.devices_per_node is not None
+                else _trainer_setting(spec, "n_ranks_per_node"))
     return scheduler_pb2.ClusterSpec(nodes=[
         scheduler_pb2.ClusterNode(name=f"node-{i}", device_count=per_node,
                                   device_kind=args.device_kind,
                                   device_memory_gib=args.device_memory_gib)
         for i in range(nodes)
     ])
+
+
+def _trainer_setting(spec: scheduler_pb2.JobSpec, key: str) -> int:
+    """`trainer.<key>` of the job (its config text and overrides), else the default."""
+    default = int(getattr(TrainerConfig(), key))
+    try:
+        data = parse_yaml_mapping(spec.config_yaml, spec.config_source or "<config>") if (
+            spec.config_yaml.strip()) else {}
+        trainer = apply_overrides(data, spec.overrides).get("trainer")
+    except DagrlError:
+        return default  # the scheduler reports the config's problems with the rest
+    value = trainer.get(key) if isinstance(trainer, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else (
+        default)
 
 
 def _cluster_file(path: str) -> scheduler_pb2.ClusterSpec:
@@ -188,6 +218,11 @@ class SchedulerClient:
     """Calls the scheduler; every failure comes back as a DagrlError with the server's text."""
 
     def __init__(self, address: str, token: str | None = None, timeout_s: float = 60.0) -> None:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise InvalidInputError(
+                f"scheduler address {address!r} is not HOST:PORT (e.g. 127.0.0.1:50051); pass "
+                f"--scheduler or set {ADDRESS_ENV}")
         self.address = address
         self._timeout_s = timeout_s
         self._channel = grpc.insecure_channel(address)

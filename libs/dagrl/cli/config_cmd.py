@@ -8,7 +8,9 @@ from typing import Any
 
 import yaml
 
-from dagrl.config import JobConfig, field_doc, load_job_config, to_dict
+from dagrl.cli.client import build_job_spec
+from dagrl.config import JobConfig, field_doc, to_dict
+from dagrl.rpc.jobspec import load_config, load_graph
 
 
 def add_parser(subparsers: Any) -> None:
@@ -27,8 +29,9 @@ def run(args: argparse.Namespace) -> int:
         for line in option_lines(JobConfig()):
             print(line)
         return 0
-    config = load_job_config(args.file, args.overrides) if args.file else load_job_config(
-        data={}, overrides=args.overrides)
+    spec = build_job_spec(args.file, args.overrides)
+    config = load_config(spec)
+    load_graph(spec, config)  # its workflow is checked too, as `dagrl run` would
     print(yaml.safe_dump(to_dict(config), sort_keys=False), end="")
     return 0
 

@@ -41,7 +41,7 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     spec = build_job_spec(args.file, args.overrides)
-    cluster = cluster_from_args(args)
+    cluster = cluster_from_args(args, spec)
     if args.scheduler:
         with SchedulerClient(args.scheduler) as client:
             plan = client.plan(spec, cluster)

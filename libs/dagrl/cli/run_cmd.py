@@ -36,6 +36,7 @@ from dagrl.local import LocalRedis, stop_process
 from dagrl.local.redis_server import free_port
 from dagrl.rpc.gen.common.v1 import common_pb2
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
+from dagrl.rpc.jobspec import validate_job
 
 _FINAL = {common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED,
           common_pb2.JOB_STATE_CANCELLED}
@@ -64,9 +65,10 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    validate_job(build_job_spec(args.file, args.overrides))  # before any service starts
     with _services(args) as (address, extra_overrides), SchedulerClient(address) as client:
         spec = build_job_spec(args.file, [*args.overrides, *extra_overrides])
-        job = client.submit(spec, cluster_from_args(args))
+        job = client.submit(spec, cluster_from_args(args, spec))
         try:
             final = _follow(client, job, quiet=args.quiet)
         except KeyboardInterrupt:

@@ -36,7 +36,7 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     spec = build_job_spec(args.file, args.overrides, name=args.name)
     with SchedulerClient(args.scheduler, token=args.token) as client:
-        job = client.submit(spec, cluster_from_args(args))
+        job = client.submit(spec, cluster_from_args(args, spec))
         print(f"{job.job_id}  {state_name(job.state)}  {job.name}  "
               f"({job.plan.world_size} ranks, {len(job.plan.subgraphs)} subgraph(s))")
         if not args.watch:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from dagrl.envs import check_agent_nodes
 from dagrl.workflow import list_builtin_workflows, load_workflow, to_dot, to_mermaid
 
 
@@ -25,6 +26,7 @@ def run(args: argparse.Namespace) -> int:
             print(name)
         return 0
     graph = load_workflow(args.source)
+    check_agent_nodes(graph, args.source)  # what the scheduler checks at plan time
     if args.format == "mermaid":
         print(to_mermaid(graph))
     elif args.format == "dot":

@@ -164,8 +164,8 @@ class JobManager:
             except redis.RedisError as exc:
                 client.close()
                 raise UnavailableError(
-                    f"cannot reach the job store at {url}: {exc}; check that Redis is running "
-                    "and DAGRL_REDIS_URL is right") from exc
+                    f"cannot reach the job store at {url}: {str(exc).rstrip('.')}; check that "
+                    "Redis is running and DAGRL_REDIS_URL is right") from exc
             self._client, self._store = client, store
             return store
 

@@ -226,7 +226,10 @@ def _rollout_executor(node: Node, models: AgentModels, backend: RolloutBackend) 
     options = agent_options(node.node_id, node.agent_options)
     rollout: Executor = RolloutExecutor(backend)
     if options.env is not None:
-        make_env = env_factory(options.env, options.max_assistant_turns)
+        try:
+            make_env = env_factory(options.env, options.max_assistant_turns)
+        except InvalidInputError as exc:
+            raise ConfigError(f"node {node.node_id!r}: agent_options.env: {exc}") from exc
         rollout = MultiTurnRolloutExecutor(backend, models.tokenizer, options, make_env)
     if options.chain_template is None:
         return rollout
