@@ -182,3 +182,12 @@ def test_spread_is_not_suggested_when_one_agent_mixes_device_kinds() -> None:
     with pytest.raises(PlanningError) as caught:
         make_plan(graph, cluster)
     assert "agent_placement" not in str(caught.value)
+
+
+def test_without_sizes_a_chained_agent_still_gets_ranks_for_its_samples() -> None:
+    graph = load_workflow("two_agent")
+    plan = make_plan(graph, Cluster.homogeneous(1, 3), agent_placement="spread",
+                     samples_per_prompt=4)
+    assert [len(s.ranks) for s in plan.subgraphs] == [1, 2]  # agent 1 sees 4x the rows
+    assert [len(s.ranks) for s in make_plan(load_workflow("ppo"),
+                                            Cluster.homogeneous(1, 8)).subgraphs] == [4, 4]

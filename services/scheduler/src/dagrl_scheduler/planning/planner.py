@@ -14,7 +14,7 @@ from dagrl.config import AgentPlacement
 from dagrl.workflow import TaskGraph
 from dagrl_scheduler.planning.apportion import Share, apportion
 from dagrl_scheduler.planning.cluster import Cluster, Pool, Requirement, eligible_pools, pools
-from dagrl_scheduler.planning.demands import NodeDemand, node_demands
+from dagrl_scheduler.planning.demands import NodeDemand, node_demands, sample_multiplicity
 from dagrl_scheduler.planning.errors import InsufficientResourcesError, PlanningError
 from dagrl_scheduler.planning.groups import layouts, node_ranks, process_groups
 from dagrl_scheduler.planning.placement import SlotRun, pack_pool, spread_over_pools
@@ -39,7 +39,11 @@ def make_plan(graph: TaskGraph, cluster: Cluster, *, source: str | None = None,
     all_pools = pools(cluster)
     eligible = [eligible_pools(req, cluster, all_pools) for req in requirements]
     _check_eligible(pieces, requirements, eligible, cluster)
-    costs = [sum(demands[n].cost / holders[n] for n in piece) for piece in pieces]
+    if unit == "none":  # no sizes given: weigh each piece by the rows it processes
+        rows = sample_multiplicity(graph, samples_per_prompt)
+        costs = [float(max(rows[n] for n in piece)) for piece in pieces]
+    else:
+        costs = [sum(demands[n].cost / holders[n] for n in piece) for piece in pieces]
     shares = [
         Share(cost, _granule(piece, demands), _pinned(graph, piece, demands, holders),
               eligible[i], _label(i, piece), requirements[i].describe())
@@ -224,8 +228,9 @@ def _notes(unit: str, requirements: Sequence[Requirement], cluster: Cluster,
            world: int) -> tuple[str, ...]:
     notes = []
     if unit == "none":
-        notes.append("no node gives model_params or flops: subgraphs share ranks "
-                     "equally")
+        notes.append("no node gives model_params or flops: subgraphs share ranks by the rows "
+                     "they process (equally, but a chained agent sees rollout.n times the "
+                     "samples of the agent before it)")
     elif unit == "params":
         notes.append("cost = model_params x passes (3 for training nodes, 1 for forward-only "
                      "and inference) x samples per prompt (rollout.n per chained agent); a node "
