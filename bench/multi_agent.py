@@ -5,13 +5,13 @@ through the real job driver, Ray actors, gloo and the databuffer (a private redi
 2 ranks, on the scheduler's plan for each placement, alternating placements round by round:
 
 - colocate (the baseline): both agents on both ranks, each agent's nodes data parallel over 2;
-- spread: agent 0 on rank 0, agent 1 and the reward on rank 1; agent 0's samples cross to
-  rank 1 through the databuffer and the scores come back by lineage.
+- spread: agent 0 on one rank, agent 1 and the reward on the other; agent 0's samples cross
+  through the databuffer and the scores come back by lineage.
 
 Per job: generated + trained tokens per second of step wall time (`perf/throughput`), the
 first step (warm-up) left out. The figure is spread's throughput over colocate's. Agent 1
 handles n times agent 0's rows, so with one rank per agent the ratio mostly shows that
-imbalance: rank 1 carries most of the work while rank 0 waits (see bench/README.md).
+imbalance: agent 1's rank carries most of the work while agent 0's waits (bench/README.md).
 
     .venv/bin/python bench/multi_agent.py [--steps 6] [--rounds 2]
 """

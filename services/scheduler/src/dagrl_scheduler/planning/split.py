@@ -73,7 +73,8 @@ def split_agents(graph: TaskGraph, placement: AgentPlacement) -> tuple[tuple[str
     """The pieces of a workflow whose agents are placed by `placement` (see the docstring).
 
     A node belongs to its `agent_group`: give a shared node (a reward, say) the agent group
-    whose ranks should run it. Pieces come agent by agent, so agent 0 gets the first ranks.
+    whose ranks should run it. Pieces come agent by agent (placement then numbers ranks, the
+    largest piece first on a machine).
     """
     agents = graph.agent_groups()
     if len(agents) == 1:
