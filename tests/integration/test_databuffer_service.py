@@ -89,6 +89,22 @@ def test_put_and_get_reshard_over_grpc(remote: DataBufferGrpcClient, job: str) -
     assert remote.describe_step(job, 3) == []  # consumed by all three
 
 
+def test_get_by_groups_over_grpc(remote: DataBufferGrpcClient, job: str) -> None:
+    batch = rollout(10)
+    remote.put_shard(job, 1, "a->b", 0, batch, producer_size=1)
+    groups = sorted(set(batch.group_ids))
+    wanted = [set(groups[:3]), set(groups[3:])]
+    parts = [remote.get_shard(job, 1, "a->b", rank, 2, timeout_s=5, group_ids=chosen)
+             for rank, chosen in enumerate(wanted)]
+    for part, chosen in zip(parts, wanted, strict=True):
+        assert set(part.group_ids) == chosen
+        assert part.equals(batch.select([i for i, g in enumerate(batch.group_ids) if g in chosen]))
+    assert remote.describe_step(job, 1) == []
+    remote.put_shard(job, 2, "a->b", 0, batch, producer_size=1)
+    with pytest.raises(InvalidInputError, match="no rows of 1"):
+        remote.get_shard(job, 2, "a->b", 0, 1, timeout_s=5, group_ids={"no-such-group"})
+
+
 def test_delete_step(remote: DataBufferGrpcClient, job: str) -> None:
     remote.put_shard(job, 1, "a->b", 0, rollout(4), producer_size=1)
     remote.put_shard(job, 1, "a->c", 0, rollout(4), producer_size=1)

@@ -8,7 +8,7 @@ messages of PutShard and GetShard are framed by hand (`wire`), the rest use the 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import grpc
@@ -67,10 +67,13 @@ class DataBufferGrpcClient:
         return int(reply.rows), int(reply.bytes)
 
     def get_shard(self, job: str, step: int, edge: str, dp_rank: int, dp_size: int,
-                  producers: int = 0, *, timeout_s: float = 60.0) -> Batch:
-        """Consumer `dp_rank` of `dp_size`'s part of the edge (see DataBufferClient.get)."""
+                  producers: int = 0, *, timeout_s: float = 60.0,
+                  group_ids: Collection[str] = ()) -> Batch:
+        """Consumer `dp_rank` of `dp_size`'s part of the edge (see DataBufferClient.get), or
+        with `group_ids` exactly those groups (DataBufferClient.get_groups)."""
         request = pb.GetShardRequest(job_id=job, step=step, edge=edge, dp_rank=dp_rank,
-                                     dp_size=dp_size, timeout_s=timeout_s, producers=producers)
+                                     dp_size=dp_size, timeout_s=timeout_s, producers=producers,
+                                     group_ids=sorted(group_ids))
         try:
             messages = list(self._get_shard(request, timeout=timeout_s + 60))
         except grpc.RpcError as exc:

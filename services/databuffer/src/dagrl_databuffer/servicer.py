@@ -95,9 +95,14 @@ class DataBufferServicer:
     def GetShard(self, request: pb.GetShardRequest,
                  context: grpc.ServicerContext) -> Iterator[bytes]:
         def get() -> list[memoryview]:
-            batch = self.client.get(request.job_id, request.step, request.edge,
-                                    request.dp_rank, request.dp_size, request.producers or None,
-                                    timeout_s=request.timeout_s)
+            where = (request.job_id, request.step, request.edge)
+            if request.group_ids:
+                batch = self.client.get_groups(
+                    *where, list(request.group_ids), request.dp_rank, request.dp_size,
+                    request.producers or None, timeout_s=request.timeout_s)
+            else:
+                batch = self.client.get(*where, request.dp_rank, request.dp_size,
+                                        request.producers or None, timeout_s=request.timeout_s)
             return encode_parts(batch)
         parts = _mapped(context, "GetShard", get)
         yield from framed_chunks(GET_CHUNK_TAG, parts, self.grpc_chunk_bytes)

@@ -113,6 +113,7 @@ class GetShardRequest(_message.Message):
     DP_SIZE_FIELD_NUMBER: _builtins.int
     TIMEOUT_S_FIELD_NUMBER: _builtins.int
     PRODUCERS_FIELD_NUMBER: _builtins.int
+    GROUP_IDS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     step: _builtins.int
     edge: _builtins.str
@@ -122,6 +123,12 @@ class GetShardRequest(_message.Message):
     """wait this long for every producer's shard; 0: do not wait"""
     producers: _builtins.int
     """the producer node's dp size; 0: the size the producers recorded"""
+    @_builtins.property
+    def group_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Non-empty: exactly the rows of these groups (each must be present), not this consumer's
+        dp share: a chained agent's answers going back to the rank that holds their parent samples.
+        """
+
     def __init__(
         self,
         *,
@@ -132,10 +139,11 @@ class GetShardRequest(_message.Message):
         dp_size: _builtins.int = ...,
         timeout_s: _builtins.float = ...,
         producers: _builtins.int = ...,
+        group_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dp_rank", b"dp_rank", "dp_size", b"dp_size", "edge", b"edge", "job_id", b"job_id", "producers", b"producers", "step", b"step", "timeout_s", b"timeout_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dp_rank", b"dp_rank", "dp_size", b"dp_size", "edge", b"edge", "group_ids", b"group_ids", "job_id", b"job_id", "producers", b"producers", "step", b"step", "timeout_s", b"timeout_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
