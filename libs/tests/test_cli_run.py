@@ -11,6 +11,7 @@ import pytest
 from dagrl.cli.client import build_job_spec, cluster_from_args
 from dagrl.cli.main import build_parser, main, parse
 from dagrl.cli.run_cmd import progress_fields
+from dagrl.rpc.jobspec import validate_job
 
 
 def test_single_agent_figures_keep_their_short_names() -> None:
@@ -78,3 +79,11 @@ def test_a_reader_that_stops_early_is_not_an_error() -> None:
         f"{sys.executable} -m dagrl.cli.main workflow two_agent --format mermaid | head -1",
         shell=True, capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "flowchart TD" and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("example", sorted(
+    p.name for p in (Path(EXAMPLE).parent).glob("*.yaml") if not p.stem.endswith("_workflow")))
+def test_every_example_passes_the_schedulers_checks(example: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(Path(EXAMPLE).parents[1])  # examples name their workflows from the root
+    validate_job(build_job_spec(f"examples/{example}", []))

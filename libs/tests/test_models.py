@@ -32,6 +32,7 @@ from dagrl.models import (
     load_tokenizer,
     supervised_warm_start,
 )
+from dagrl.models.demo import warm_start_examples
 
 FIXED_INPUT = [[2, 3, 20, 17, 30, 26, 11, 12]]  # <bos><|im_start|> then characters
 
@@ -219,3 +220,25 @@ def test_load_tokenizer_keeps_spaces_and_newlines_next_to_a_qwen2_config(tmp_pat
     text = "12 + 34\n= 46"
     assert tokenizer.decode(tokenizer.encode(text)) == text
     assert tokenizer.padding_side == "left" and tokenizer.eos_token == "<|im_end|>"
+
+
+def test_tool_warm_start_examples_are_calculator_episodes_in_the_rollout_format(
+        tokenizer: PreTrainedTokenizerFast) -> None:
+    """A tool example is two pairs whose contexts are exactly what a calculator episode shows
+    the policy: the question, then the question, the call and the tool's result."""
+    rows = [{"prompt": [{"role": "user", "content": f"{i}+1="}], "ground_truth": str(i + 1)}
+            for i in range(200)]
+    assert warm_start_examples(rows, 0.0, seed=0) == [(r["prompt"], r["ground_truth"])
+                                                      for r in rows]
+    examples = warm_start_examples(rows, 0.5, seed=0)
+    calls = [(p, a) for p, a in examples if a.startswith("<tool>")]
+    assert 70 < len(calls) < 130 and len(examples) == len(rows) + len(calls)
+    prompt, call = calls[0]
+    number = int(prompt[-1]["content"].split("+")[0])
+    assert call == f"<tool>{number}+1</tool>"
+    after = next(p for p, a in examples if isinstance(p, list) and len(p) == 3 and p[1][
+        "content"] == call)
+    assert after[2] == {"role": "user", "content": f"<result>{number + 1}</result>"}
+    rendered = tokenizer.decode(encode_chat_prompt(tokenizer, after))
+    assert rendered.endswith(f"{call}<|im_end|>\n<|im_start|>user\n<result>{number + 1}"
+                             "</result><|im_end|>\n<|im_start|>assistant\n")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dagrl.models.demo import DemoRecipe, prepare_assets
+from dagrl.models.demo import TOOL_USE, DemoRecipe, prepare_assets
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -30,6 +30,14 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A warm-started tiny policy and an arithmetic dataset (the demo's, fewer prompts)."""
     folder = tmp_path_factory.mktemp("assets")
     prepare_assets(folder, DemoRecipe.for_tests())
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tool_assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny policy warm-started to call the calculator (`examples/calculator_tool.yaml`)."""
+    folder = tmp_path_factory.mktemp("tool_assets")
+    prepare_assets(folder, DemoRecipe.for_tests(tool_use=TOOL_USE))
     return folder
 
 

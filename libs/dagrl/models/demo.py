@@ -13,18 +13,22 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import random
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from dagrl.data import ArithTask, make_dataset, read_parquet
 from dagrl.models.tiny import TinyModelSpec, build_tiny_model
 from dagrl.models.tokenizer import build_char_tokenizer
-from dagrl.models.warm_start import supervised_warm_start
+from dagrl.models.warm_start import Prompt, supervised_warm_start
 
 RECIPE_FILE = "recipe.json"
+TOOL_USE = 0.5  # the tool example's share of calculator episodes in the warm start
 
 
 @dataclass(frozen=True)
@@ -44,11 +48,15 @@ class DemoRecipe:
     warm_lr: float = 1e-3  # 3e-3 stalled at ~0-6 % accuracy; 1e-3 reached 12-26 % greedy
     warm_batch_size: int = 32
     seed: int = 0
+    # The fraction of warm-start examples taught as calculator calls (`CalculatorToolEnv`):
+    # "12+34=" -> "<tool>12+34</tool>", then, after "<result>46</result>", -> "46". The rest
+    # answer directly. 0: no tool use (the GRPO demo); the tool example uses TOOL_USE.
+    tool_use: float = 0.0
 
     @classmethod
-    def for_tests(cls) -> DemoRecipe:
+    def for_tests(cls, tool_use: float = 0.0) -> DemoRecipe:
         """The e2e tests' recipe: the demo's task, model and warm start, fewer val prompts."""
-        return cls(n_val=64)
+        return cls(n_val=64, tool_use=tool_use)
 
 
 def prepare_assets(folder: str | Path, recipe: DemoRecipe) -> dict[str, float]:
@@ -65,7 +73,7 @@ def prepare_assets(folder: str | Path, recipe: DemoRecipe) -> dict[str, float]:
     spec = TinyModelSpec(hidden_size=recipe.hidden_size, num_layers=recipe.num_layers,
                          intermediate_size=4 * recipe.hidden_size, seed=recipe.seed)
     model = build_tiny_model(spec, tokenizer, root / "model")
-    examples = [(r["prompt"], r["ground_truth"]) for r in read_parquet(paths.train)]
+    examples = warm_start_examples(read_parquet(paths.train), recipe.tool_use, recipe.seed)
     with torch.random.fork_rng(devices=[]):
         losses = supervised_warm_start(model, tokenizer, examples, steps=recipe.warm_steps,
                                        lr=recipe.warm_lr, batch_size=recipe.warm_batch_size,
@@ -77,13 +85,38 @@ def prepare_assets(folder: str | Path, recipe: DemoRecipe) -> dict[str, float]:
             "prepare_seconds": time.perf_counter() - started}
 
 
+def warm_start_examples(rows: Iterable[Mapping[str, Any]], tool_use: float,
+                        seed: int) -> list[tuple[Prompt, str]]:
+    """(prompt, answer) pairs for the warm start: each row answered directly, or, for a
+    `tool_use` fraction of them (drawn with `seed`), as a calculator episode in two pairs: the
+    question -> the tool call, and the conversation up to the tool's result -> the answer."""
+    rng = random.Random(seed)
+    examples: list[tuple[Prompt, str]] = []
+    for row in rows:
+        prompt, answer = row["prompt"], str(row["ground_truth"])
+        if rng.random() >= tool_use:
+            examples.append((prompt, answer))
+            continue
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(
+            prompt)
+        call = f"<tool>{messages[-1]['content'].rstrip('=')}</tool>"
+        examples.append((messages, call))
+        examples.append(([*messages, {"role": "assistant", "content": call},
+                          {"role": "user", "content": f"<result>{answer}</result>"}], answer))
+    return examples
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="build the demo's model and data")
     parser.add_argument("folder", help="where to write model/ and data/ (examples read "
                                        "outputs/arith)")
     parser.add_argument("--small", action="store_true", help="the e2e tests' smaller recipe")
+    parser.add_argument("--tool", action="store_true",
+                        help=f"teach calculator calls on {TOOL_USE:.0%} of the warm start "
+                             "(examples/calculator_tool.yaml reads outputs/arith_tool)")
     args = parser.parse_args()
-    recipe = DemoRecipe.for_tests() if args.small else DemoRecipe()
+    tool_use = TOOL_USE if args.tool else 0.0
+    recipe = DemoRecipe.for_tests(tool_use) if args.small else DemoRecipe(tool_use=tool_use)
     for key, value in prepare_assets(args.folder, recipe).items():
         print(f"{key}: {value:.4g}")
 
