@@ -9,6 +9,7 @@ call it executes to a file the test reads.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -35,6 +36,8 @@ RANKS = 2
 STEPS = 3
 
 LOGGED_CALCULATOR = '''
+import json
+
 from dagrl.envs import CalculatorToolEnv
 
 CALLS_LOG = {log!r}
@@ -50,7 +53,7 @@ class LoggedCalculator(CalculatorToolEnv):
         result = await super().step(action, ground_truth)
         if "tool_call" in result.info:
             with open(CALLS_LOG, "a") as log:
-                log.write(f"{{result.info['tool_call']}}\\t{{result.observation}}\\n")
+                log.write(json.dumps([result.info["tool_call"], result.observation]) + "\\n")
         return result
 '''
 
@@ -69,7 +72,7 @@ nodes:
 
 def calculator_job(assets: Path, tmp_path: Path, steps: int) -> tuple[dict, Path]:
     """The calculator example on `assets` with the logged calculator; returns (config, log)."""
-    log = tmp_path / "tool_calls.tsv"
+    log = tmp_path / "tool_calls.jsonl"  # sampled calls may hold any character
     env_file = tmp_path / "logged_calculator.py"
     env_file.write_text(LOGGED_CALCULATOR.format(log=str(log)))
     workflow = tmp_path / "workflow.yaml"
@@ -96,7 +99,7 @@ def test_calculator_episodes_train_on_two_ranks(ray_session: None, tool_assets: 
     outcome = Driver(spec).run()
     assert outcome.state == JobState.SUCCEEDED, outcome.reason
     # the policy wrote calls itself, and the tool really evaluated them
-    calls = [line.split("\t") for line in log.read_text().splitlines()]
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(calls) >= STEPS * 8 * 4 // 4
     for expression, observation in calls:
         left, plus, right = expression.partition("+")
@@ -140,7 +143,7 @@ def test_env_tokens_are_masked_out_of_the_loss(tool_assets: Path, tmp_path: Path
     worker.executors["rollout"] = capture
     worker.run_step(1)
     batch = capture.outputs[0]
-    results = [obs for _expr, obs in (line.split("\t") for line in log.read_text().splitlines())]
+    results = [json.loads(line)[1] for line in log.read_text().splitlines()]
     width = batch.tensors["prompts"].shape[1]
     seen = 0
     for row in range(len(batch)):
