@@ -65,15 +65,28 @@ class EdgeRouter:
     # the nodes that run (None: all); a validation pass runs part of the graph, and an edge
     # into a node that does not run is never written (nobody would read it)
     running: frozenset[str] | None = None
+    # per edge, decided once from the graph and the plan: (stays local, chained ROLLOUT node
+    # whose samples it hands back by lineage, or None)
+    routes: dict[tuple[str, str], tuple[bool, str | None]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.routes = {}
+        for producer, consumer in self.graph.edges():
+            link = lineage_link(self.graph, producer, consumer)
+            self.routes[producer, consumer] = (self._stays_local(producer, consumer, link),
+                                               link[1] if link else None)
 
     def is_local(self, producer: str, consumer: str) -> bool:
-        """Whether the edge's rows stay on this rank (no databuffer): same layout at both
-        ends, not a balanced training input, and for a lineage edge (`lineage_link`), every
-        hop from the common row origin to both joined parents also rank-local (so this
-        rank's children are exactly the answers to this rank's parent samples)."""
+        """Whether the edge's rows stay on this rank (no databuffer)."""
+        return self.routes[producer, consumer][0]
+
+    def _stays_local(self, producer: str, consumer: str, link: tuple[str, str] | None) -> bool:
+        """Same layout at both ends, not a balanced training input, and for a lineage edge
+        (`lineage_link`), every hop from the common row origin to both joined parents also
+        rank-local (so this rank's children are exactly the answers to this rank's parent
+        samples)."""
         if not self._same_rows(producer, consumer):
             return False
-        link = lineage_link(self.graph, producer, consumer)
         if link is None:
             return True
         base, _chain = link
@@ -117,13 +130,12 @@ class EdgeRouter:
         parents = self.graph.parents(consumer)
         parts: list[Batch] = []  # the first parent (never a lineage edge) comes first
         for producer in parents:
-            if self.is_local(producer, consumer):
+            local, chain = self.routes[producer, consumer]
+            if local:
                 parts.append(self.local[producer])
                 continue
-            link = lineage_link(self.graph, producer, consumer)
             wanted = None
-            if link is not None:
-                _base, chain = link
+            if chain is not None:
                 wanted = {chained_group_id(uid, self.graph[chain].agent_group)
                           for uid in parts[0].uids}
             parts.append(self._get(step, producer, consumer, wanted))
