@@ -48,6 +48,7 @@ class NodeDemand:
     dp_size: int | None = None
     device_kind: str = ""
     min_memory_gib: float = 0.0
+    rows: int = 1  # rows per sample of the first agent (`sample_multiplicity`)
 
     @property
     def granule(self) -> int:
@@ -120,7 +121,7 @@ def _demand(node: Node, config: NodeConfig, uses_flops: bool, rows: int,
     cost, detail = _cost(node, config, uses_flops, rows, problems)
     return NodeDemand(
         node.node_id, cost, detail, config.tp_size, config.pp_size, config.dp_size,
-        (config.device_kind or "").strip(), float(config.min_device_memory_gib or 0.0),
+        (config.device_kind or "").strip(), float(config.min_device_memory_gib or 0.0), rows,
     )
 
 

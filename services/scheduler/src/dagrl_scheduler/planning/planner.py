@@ -14,7 +14,7 @@ from dagrl.config import AgentPlacement
 from dagrl.workflow import TaskGraph
 from dagrl_scheduler.planning.apportion import Share, apportion
 from dagrl_scheduler.planning.cluster import Cluster, Pool, Requirement, eligible_pools, pools
-from dagrl_scheduler.planning.demands import NodeDemand, node_demands, sample_multiplicity
+from dagrl_scheduler.planning.demands import NodeDemand, node_demands
 from dagrl_scheduler.planning.errors import InsufficientResourcesError, PlanningError
 from dagrl_scheduler.planning.groups import layouts, node_ranks, process_groups
 from dagrl_scheduler.planning.placement import SlotRun, pack_pool, spread_over_pools
@@ -40,8 +40,7 @@ def make_plan(graph: TaskGraph, cluster: Cluster, *, source: str | None = None,
     eligible = [eligible_pools(req, cluster, all_pools) for req in requirements]
     _check_eligible(pieces, requirements, eligible, cluster)
     if unit == "none":  # no sizes given: weigh each piece by the rows it processes
-        rows = sample_multiplicity(graph, samples_per_prompt)
-        costs = [float(max(rows[n] for n in piece)) for piece in pieces]
+        costs = [float(max(demands[n].rows for n in piece)) for piece in pieces]
     else:
         costs = [sum(demands[n].cost / holders[n] for n in piece) for piece in pieces]
     shares = [
