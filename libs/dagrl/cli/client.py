@@ -24,11 +24,12 @@ from typing import IO, Any
 import grpc
 import yaml
 
-from dagrl.config import TrainerConfig, apply_overrides, parse_yaml_mapping
+from dagrl.config import TrainerConfig, apply_overrides
 from dagrl.errors import DagrlError, InvalidInputError, UnavailableError
 from dagrl.local import stop_process
 from dagrl.rpc.auth import with_bearer_token
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from dagrl.rpc.jobspec import load_config
 from dagrl.rpc.status import error_from_rpc
 from dagrl.workflow import list_builtin_workflows
 
@@ -98,17 +99,12 @@ def cluster_from_args(args: argparse.Namespace,
 
 
 def _trainer_setting(spec: scheduler_pb2.JobSpec, key: str) -> int:
-    """`trainer.<key>` of the job (its config text and overrides), else the default."""
-    default = int(getattr(TrainerConfig(), key))
+    """`trainer.<key>` of the job, or the default when the job's config does not load (the
+    scheduler reports its problems with the rest)."""
     try:
-        data = parse_yaml_mapping(spec.config_yaml, spec.config_source or "<config>") if (
-            spec.config_yaml.strip()) else {}
-        trainer = apply_overrides(data, spec.overrides).get("trainer")
+        return int(getattr(load_config(spec).trainer, key))
     except DagrlError:
-        return default  # the scheduler reports the config's problems with the rest
-    value = trainer.get(key) if isinstance(trainer, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else (
-        default)
+        return int(getattr(TrainerConfig(), key))
 
 
 def _cluster_file(path: str) -> scheduler_pb2.ClusterSpec:
@@ -152,8 +148,9 @@ def build_job_spec(file: str | None, overrides: Sequence[str],
         return spec
     path = Path(file)
     if not path.is_file():
-        if file in list_builtin_workflows():
-            spec.overrides.insert(0, f"workflow.source={file}")
+        if file in list_builtin_workflows():  # the job: that workflow, every default
+            spec.config_yaml = yaml.safe_dump({"workflow": {"source": file}})
+            spec.config_source = f"built-in workflow {file!r}"
             return spec
         raise InvalidInputError(
             f"{file}: no such file, and no built-in workflow of that name; built-ins: "

@@ -21,8 +21,7 @@ def load_config(spec: scheduler_pb2.JobSpec) -> JobConfig:
     source = spec.config_source or "<config>"
     data = parse_yaml_mapping(spec.config_yaml, source) if spec.config_yaml.strip() else {}
     merged = apply_overrides(data, spec.overrides)
-    user_overrides = [o for o in spec.overrides if not o.startswith("workflow.source=")]
-    label = f"{source} and its command-line overrides" if user_overrides else source
+    label = f"{source} and its command-line overrides" if spec.overrides else source
     return build(JobConfig, merged, source=label)
 
 
