@@ -40,7 +40,7 @@ check-protos: install
 	$(PY) scripts/gen_protos.py --check
 
 bench: install
-	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	@for b in bench/[!_]*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 ## lock: re-pin every dependency to what is installed now (after changing requirements/base.in)
 lock:

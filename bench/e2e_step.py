@@ -20,37 +20,21 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from pathlib import Path
 
 import ray
-import yaml
+from _demo_jobs import ASSETS, ROOT, bench_config, run_to_end  # bench/_demo_jobs.py
 
 from dagrl.local import LocalRedis
 from dagrl.models.demo import DemoRecipe, prepare_assets
 from dagrl.workflow import load_workflow
-from dagrl_worker.driver import Driver
 from dagrl_worker.plan_view import colocated_plan
-from dagrl_worker.spec import WorkerSpec
-
-ROOT = Path(__file__).resolve().parent.parent
-ASSETS = ROOT / "outputs" / "arith"
 
 
 def job(ranks: int, steps: int, redis_url: str, folder: Path) -> dict[str, float]:
-    config = yaml.safe_load((ROOT / "examples" / "grpo_arith.yaml").read_text())
-    config["data"]["train_files"] = [str(ASSETS / "data" / "train.parquet")]
-    config["data"]["val_files"] = []
-    config["actor_rollout_ref"]["model"]["path"] = str(ASSETS / "model")
-    config["trainer"].update({"total_training_steps": steps, "n_ranks_per_node": ranks,
-                              "val_before_train": False, "test_freq": -1, "save_freq": -1,
-                              "resume_mode": "disable", "logger": []})
+    config = bench_config("grpo_arith", steps, ranks)
     plan = colocated_plan(load_workflow("grpo"), world_size=ranks)
-    spec = WorkerSpec(f"bench-{ranks}", yaml.safe_dump(config), "", (),
-                      plan.SerializeToString(), redis_url, str(folder / f"ranks{ranks}"))
-    outcome = Driver(spec).run()
-    if outcome.last_step != steps:
-        sys.exit(f"the {ranks}-rank job stopped early: {outcome.state} {outcome.reason}")
+    outcome = run_to_end(f"bench-{ranks}", config, plan, redis_url, folder)
     measured = [m for m in outcome.history if "perf/throughput" in m][1:]
     return {
         "tokens_per_s": statistics.mean(m["perf/throughput"] for m in measured),

@@ -20,44 +20,29 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-from pathlib import Path
 
 import ray
-import yaml
+from _demo_jobs import ASSETS, ROOT, bench_config, run_to_end  # bench/_demo_jobs.py
 
 from dagrl.config import AgentPlacement
 from dagrl.local import LocalRedis
 from dagrl.models.demo import DemoRecipe, prepare_assets
 from dagrl.workflow import load_workflow
 from dagrl_scheduler.planning import Cluster, make_plan
-from dagrl_worker.driver import Driver
-from dagrl_worker.spec import WorkerSpec
 
-ROOT = Path(__file__).resolve().parent.parent
-ASSETS = ROOT / "outputs" / "arith"
 RANKS = 2
 PLACEMENTS: tuple[AgentPlacement, ...] = ("colocate", "spread")
 
 
 def job(placement: AgentPlacement, steps: int, redis_url: str, name: str) -> float:
     """Mean tokens/s of one two-agent job after its first step."""
-    config = yaml.safe_load((ROOT / "examples" / "two_agent_math.yaml").read_text())
-    config["data"]["train_files"] = [str(ASSETS / "data" / "train.parquet")]
-    config["data"]["val_files"] = []
-    config["actor_rollout_ref"]["model"]["path"] = str(ASSETS / "model")
+    config = bench_config("two_agent_math", steps, RANKS)
     config["workflow"]["agent_placement"] = placement
-    config["trainer"].update({"total_training_steps": steps, "n_ranks_per_node": RANKS,
-                              "val_before_train": False, "test_freq": -1, "save_freq": -1,
-                              "resume_mode": "disable", "logger": []})
     plan = make_plan(load_workflow("two_agent"), Cluster.homogeneous(1, RANKS),
                      agent_placement=placement,
                      samples_per_prompt=config["actor_rollout_ref"]["rollout"]["n"])
-    spec = WorkerSpec(name, yaml.safe_dump(config), "", (), plan.to_proto().SerializeToString(),
-                      redis_url, str(ROOT / "outputs" / "bench_multi_agent" / name))
-    outcome = Driver(spec).run()
-    if outcome.last_step != steps:
-        sys.exit(f"the {placement} job stopped early: {outcome.state} {outcome.reason}")
+    outcome = run_to_end(name, config, plan.to_proto(), redis_url,
+                         ROOT / "outputs" / "bench_multi_agent")
     measured = [m["perf/throughput"] for m in outcome.history if "perf/throughput" in m][1:]
     return statistics.mean(measured)
 

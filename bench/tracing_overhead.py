@@ -25,21 +25,16 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import ray
-import yaml
+from _demo_jobs import ASSETS, ROOT, bench_config, run_to_end  # bench/_demo_jobs.py
 
 from dagrl.local import LocalRedis, stop_process
 from dagrl.local.redis_server import free_port
 from dagrl.models.demo import DemoRecipe, prepare_assets
 from dagrl.workflow import load_workflow
-from dagrl_worker.driver import Driver
 from dagrl_worker.plan_view import colocated_plan
-from dagrl_worker.spec import WorkerSpec
 
-ROOT = Path(__file__).resolve().parent.parent
-ASSETS = ROOT / "outputs" / "arith"
 RANKS = 2
 
 
@@ -66,21 +61,11 @@ def metrics_service() -> Iterator[str]:
 
 
 def step_times(steps: int, redis_url: str, endpoint: str | None, run: int) -> list[float]:
-    config = yaml.safe_load((ROOT / "examples" / "grpo_arith.yaml").read_text())
-    config["data"]["train_files"] = [str(ASSETS / "data" / "train.parquet")]
-    config["data"]["val_files"] = []
-    config["actor_rollout_ref"]["model"]["path"] = str(ASSETS / "model")
-    config["trainer"].update({"total_training_steps": steps, "val_before_train": False,
-                              "test_freq": -1, "save_freq": -1, "resume_mode": "disable",
-                              "logger": []})
+    config = bench_config("grpo_arith", steps, RANKS)
     config["services"] = {"metrics_endpoint": endpoint, "tracing": endpoint is not None}
     plan = colocated_plan(load_workflow("grpo"), world_size=RANKS)
-    spec = WorkerSpec(f"tracing-bench-{run}", yaml.safe_dump(config), "", (),
-                      plan.SerializeToString(), redis_url,
-                      str(ROOT / "outputs" / "bench_tracing" / str(run)))
-    outcome = Driver(spec).run()
-    if outcome.last_step != steps:
-        raise SystemExit(f"job stopped early: {outcome.state} {outcome.reason}")
+    outcome = run_to_end(f"tracing-bench-{run}", config, plan, redis_url,
+                         ROOT / "outputs" / "bench_tracing")
     return [m["perf/step_seconds"] for m in outcome.history if "perf/step_seconds" in m][1:]
 
 
