@@ -8,14 +8,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import ray
 import yaml
 
+from dagrl.models.demo import DemoRecipe, prepare_assets
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl_worker.driver import Driver, JobOutcome
 from dagrl_worker.spec import WorkerSpec
 
 ROOT = Path(__file__).resolve().parent.parent
-ASSETS = ROOT / "outputs" / "arith"  # `make demo`'s (`prepare_assets(ASSETS, DemoRecipe())`)
+ASSETS = ROOT / "outputs" / "arith"  # `make demo`'s
+
+
+def start() -> None:
+    """Build (or reuse) the demo assets and start a private local Ray."""
+    prepare_assets(ASSETS, DemoRecipe())
+    ray.init(address="local", num_cpus=4, log_to_driver=False, include_dashboard=False)
 
 
 def bench_config(example: str, steps: int, ranks: int) -> dict[str, Any]:

@@ -23,10 +23,9 @@ import statistics
 from pathlib import Path
 
 import ray
-from _demo_jobs import ASSETS, ROOT, bench_config, run_to_end  # bench/_demo_jobs.py
+from _demo_jobs import ROOT, bench_config, run_to_end, start  # bench/_demo_jobs.py
 
 from dagrl.local import LocalRedis
-from dagrl.models.demo import DemoRecipe, prepare_assets
 from dagrl.workflow import load_workflow
 from dagrl_worker.plan_view import colocated_plan
 
@@ -48,9 +47,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
     args = parser.parse_args()
-    prepare_assets(ASSETS, DemoRecipe())
+    start()
     folder = ROOT / "outputs" / "bench_e2e"
-    ray.init(address="local", num_cpus=4, log_to_driver=False, include_dashboard=False)
     with LocalRedis() as redis:
         results = {ranks: job(ranks, args.steps, redis.url, folder) for ranks in (1, 2)}
     ray.shutdown()

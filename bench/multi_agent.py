@@ -22,11 +22,10 @@ import argparse
 import statistics
 
 import ray
-from _demo_jobs import ASSETS, ROOT, bench_config, run_to_end  # bench/_demo_jobs.py
+from _demo_jobs import ROOT, bench_config, run_to_end, start  # bench/_demo_jobs.py
 
 from dagrl.config import AgentPlacement
 from dagrl.local import LocalRedis
-from dagrl.models.demo import DemoRecipe, prepare_assets
 from dagrl.workflow import load_workflow
 from dagrl_scheduler.planning import Cluster, make_plan
 
@@ -52,8 +51,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    prepare_assets(ASSETS, DemoRecipe())
-    ray.init(address="local", num_cpus=4, log_to_driver=False, include_dashboard=False)
+    start()
     results: dict[str, list[float]] = {p: [] for p in PLACEMENTS}
     with LocalRedis() as redis:
         for round_index in range(args.rounds):

@@ -27,11 +27,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import ray
-from _demo_jobs import ASSETS, ROOT, bench_config, run_to_end  # bench/_demo_jobs.py
+from _demo_jobs import ROOT, bench_config, run_to_end, start  # bench/_demo_jobs.py
 
 from dagrl.local import LocalRedis, stop_process
 from dagrl.local.redis_server import free_port
-from dagrl.models.demo import DemoRecipe, prepare_assets
 from dagrl.workflow import load_workflow
 from dagrl_worker.plan_view import colocated_plan
 
@@ -74,8 +73,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
-    prepare_assets(ASSETS, DemoRecipe())
-    ray.init(address="local", num_cpus=4, log_to_driver=False, include_dashboard=False)
+    start()
     traced: list[float] = []
     untraced: list[float] = []
     with LocalRedis() as redis, metrics_service() as endpoint:
