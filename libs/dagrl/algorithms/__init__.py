@@ -45,6 +45,12 @@ from dagrl.algorithms.losses import (
     log_probs_from_logits,
 )
 from dagrl.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from dagrl.algorithms.rollout_correction import (
+    ISWeights,
+    Mismatch,
+    rollout_mismatch,
+    truncated_is_weights,
+)
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -56,7 +62,9 @@ __all__ = [
     "AlgorithmError",
     "FixedKLController",
     "GroupIds",
+    "ISWeights",
     "KLController",
+    "Mismatch",
     "PolicyLossConfig",
     "PolicyLossStats",
     "agg_loss",
@@ -78,4 +86,6 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "rollout_mismatch",
+    "truncated_is_weights",
 ]

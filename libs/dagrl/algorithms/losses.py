@@ -123,6 +123,7 @@ def compute_policy_loss(
     advantages: torch.Tensor,  # [B, T]
     response_mask: torch.Tensor,  # [B, T]
     config: PolicyLossConfig = PolicyLossConfig(),
+    token_weights: torch.Tensor | None = None,  # [B, T]
 ) -> tuple[torch.Tensor, PolicyLossStats]:
     """PPO clipped surrogate loss (Schulman et al. 2017) with dual-clip (Ye et al. 2020).
 
@@ -143,6 +144,7 @@ def compute_policy_loss(
     is_negative = advantages < 0
     losses = torch.where(is_negative, dual_losses, ppo_losses)  # [B, T]
     is_dual_clipped = is_negative & (ppo_losses > dual_bound)
+    losses = _weighted(losses, token_weights)
     stats = PolicyLossStats(
         pg_clipfrac=masked_mean((clipped > unclipped).to(log_prob.dtype), response_mask).detach(),
         pg_clipfrac_lower=masked_mean(is_dual_clipped.to(log_prob.dtype), response_mask).detach(),
@@ -157,6 +159,7 @@ def compute_policy_loss_gspo(
     advantages: torch.Tensor,  # [B, T]
     response_mask: torch.Tensor,  # [B, T]
     config: PolicyLossConfig = PolicyLossConfig(loss_agg_mode="seq-mean-token-mean"),
+    token_weights: torch.Tensor | None = None,  # [B, T]
 ) -> tuple[torch.Tensor, PolicyLossStats]:
     """GSPO, Group Sequence Policy Optimization (Zheng et al. 2025).
 
@@ -166,6 +169,7 @@ def compute_policy_loss_gspo(
     gradient is s_i * grad log pi(y_t), so with "seq-mean-token-mean" (the paper's objective and
     this function's default) the gradient matches the paper's. No dual-clip (`clip_ratio_c` is
     not used); `pg_clipfrac_lower` is 0. The paper uses very small clip ranges (e.g. 3e-4, 4e-4).
+    `token_weights` as in `compute_policy_loss`.
     """
     _check_policy_inputs(old_log_prob, log_prob, advantages, response_mask)
     token_log_ratio = log_prob - old_log_prob  # [B, T]
@@ -175,7 +179,7 @@ def compute_policy_loss_gspo(
     low, high = 1.0 - config.clip_ratio_low, 1.0 + config.clip_ratio_high
     unclipped = -advantages * ratio  # [B, T]
     clipped = -advantages * torch.clamp(ratio, low, high)  # [B, T]
-    losses = torch.maximum(unclipped, clipped)  # [B, T]
+    losses = _weighted(torch.maximum(unclipped, clipped), token_weights)  # [B, T]
     stats = PolicyLossStats(
         pg_clipfrac=masked_mean((clipped > unclipped).to(log_prob.dtype), response_mask).detach(),
         pg_clipfrac_lower=torch.zeros((), dtype=log_prob.dtype, device=log_prob.device),
@@ -184,12 +188,21 @@ def compute_policy_loss_gspo(
     return agg_loss(losses, response_mask, config.loss_agg_mode), stats
 
 
+def _weighted(losses: torch.Tensor, token_weights: torch.Tensor | None) -> torch.Tensor:
+    if token_weights is None:
+        return losses
+    require_same_shape("token_weights", token_weights, "losses", losses)
+    return losses * token_weights.detach()
+
+
 PolicyLossFn = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, PolicyLossConfig],
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, PolicyLossConfig,
+     torch.Tensor | None],
     tuple[torch.Tensor, PolicyLossStats],
 ]
 
-# Config name -> policy loss; both take (old_log_prob, log_prob, advantages, mask, config).
+# Config name -> policy loss; both take (old_log_prob, log_prob, advantages, mask, config,
+# token_weights).
 POLICY_LOSSES: dict[str, PolicyLossFn] = {
     "ppo": compute_policy_loss,
     "gspo": compute_policy_loss_gspo,

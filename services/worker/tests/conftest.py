@@ -10,7 +10,7 @@ import torch
 from dagrl.batch import Batch
 from dagrl.models import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from dagrl_worker.rollout import SamplingParams
-from dagrl_worker.rollout.base import rollout_batch
+from dagrl_worker.rollout.base import NamedTensors, rollout_batch
 
 
 @pytest.fixture(scope="session")
@@ -44,6 +44,17 @@ class ScriptedBackend:
             responses[row, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
             mask[row, :len(tokens)] = 1
         return rollout_batch(samples, responses, mask, mask)
+
+    shares_actor_weights = True  # no model: nothing to sync
+
+    def update_weights(self, weights: NamedTensors) -> None:
+        raise AssertionError("a scripted backend holds no weights to update")
+
+    def sleep(self) -> None:
+        """No engine to free."""
+
+    def wake_up(self) -> None:
+        """No engine to restore."""
 
 
 @pytest.fixture

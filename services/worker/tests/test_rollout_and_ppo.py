@@ -4,7 +4,7 @@ from pathlib import Path
 
 import torch
 
-from dagrl.config import ActorConfig, OptimConfig
+from dagrl.config import ActorConfig, OptimConfig, RolloutCorrectionConfig
 from dagrl.models import encode_chat_prompt, load_model_and_tokenizer
 from dagrl_worker.metrics import MetricSink
 from dagrl_worker.prompts import dp_slice, prompts_to_batch
@@ -12,7 +12,12 @@ from dagrl_worker.rollout import HFRollout, SamplingParams
 from dagrl_worker.rollout.base import response_mask_until_eos
 from dagrl_worker.training.engine import TrainEngine
 from dagrl_worker.training.parallel import DataParallel
-from dagrl_worker.training.ppo import MiniBatchPlan, compute_log_probs, update_actor
+from dagrl_worker.training.ppo import (
+    ActorUpdate,
+    MiniBatchPlan,
+    compute_log_probs,
+    update_actor,
+)
 
 
 def prompt_rows(tokenizer, texts: list[str]) -> dict:
@@ -72,8 +77,9 @@ def test_ppo_update_raises_log_prob_of_positive_advantage(tiny_checkpoint: Path)
     engine = TrainEngine(model, config.optim, total_steps=10, dp=DataParallel(), strategy="ddp")
     before = [p.detach().clone() for p in model.parameters()]
     sink = MetricSink()
-    update_actor(engine, rows, config, MiniBatchPlan(mini_batches=1, micro_batch_size=2, epochs=1),
-                 temperature=1.0, sink=sink)
+    update = ActorUpdate(config, RolloutCorrectionConfig(), temperature=1.0)
+    update_actor(engine, rows, update, MiniBatchPlan(mini_batches=1, micro_batch_size=2,
+                                                     epochs=1), sink)
     new = compute_log_probs(model, rows, micro_batch_size=4, temperature=1.0)
     mask = rows.tensors["response_mask"].bool()
     gain = ((new - old) * mask).sum(dim=1)

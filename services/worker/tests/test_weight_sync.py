@@ -1,4 +1,5 @@
-"""Bucketed weight broadcast over a real gloo group of 3 processes."""
+"""Weight-sync buckets: the layout (whole decoder layers) and the broadcast over a real gloo
+group of 3 processes."""
 
 from __future__ import annotations
 
@@ -9,12 +10,33 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from dagrl_worker import weight_sync
+from dagrl_worker.weight_layout import plan_buckets, specs_of
 
 
 def _state(fill: float) -> dict[str, torch.Tensor]:
-    return {"a.weight": torch.full((300, 200), fill), "b.bias": torch.full((7,), fill),
-            "c.half": torch.full((5, 5), fill, dtype=torch.float16),
-            "d.weight": torch.full((1000, 50), fill)}
+    state = {"model.embed_tokens.weight": torch.full((300, 200), fill)}
+    for layer in range(3):
+        state[f"model.layers.{layer}.self_attn.q_proj.weight"] = torch.full((100, 200), fill)
+        state[f"model.layers.{layer}.self_attn.q_proj.bias"] = torch.full((100,), fill)
+        state[f"model.layers.{layer}.mlp.up_proj.weight"] = torch.full((200, 100), fill)
+    state["model.norm.half"] = torch.full((5, 5), fill, dtype=torch.float16)
+    state["lm_head.weight"] = torch.full((300, 200), fill)
+    return state
+
+
+def test_buckets_hold_whole_layers_in_order() -> None:
+    specs = specs_of(_state(0.0).items())
+    layer_bytes = (100 * 200 + 100 + 200 * 100) * 4
+    buckets = plan_buckets(specs, bucket_bytes=layer_bytes + 1)
+    assert [s.name for b in buckets for s in b] == [s.name for s in specs]  # order kept
+    for bucket in buckets:
+        layers = {s.name.split(".")[2] for s in bucket if ".layers." in s.name}
+        assert len(layers) <= 1, [s.name for s in bucket]  # one layer fits a bucket
+        assert len({s.dtype for s in bucket}) == 1
+    for layer in range(3):  # never split: each layer's tensors share one bucket
+        holders = {i for i, b in enumerate(buckets) for s in b
+                   if s.name.startswith(f"model.layers.{layer}.")}
+        assert len(holders) == 1
 
 
 def _run(rank: int, port: int, results: dict) -> None:
@@ -23,23 +45,33 @@ def _run(rank: int, port: int, results: dict) -> None:
     # rank 2 takes part in the world but not in the sync group, like a trainer-only rank
     group = dist.new_group([0, 1])
     state = _state(float(rank + 1))
+    plan = plan_buckets(specs_of(state.items()), bucket_bytes=200_000)  # several buckets
     if rank in (0, 1):
-        results[rank] = (weight_sync.broadcast_weights(state, 0, group),
-                         {k: v.clone() for k, v in state.items()})
+        moved, received = 0, {}
+        tensors = iter(state.items())
+        for bucket, specs in zip(weight_sync.group_into_buckets(tensors, plan), plan,
+                                 strict=True):
+            out = weight_sync.broadcast_bucket(bucket if rank == 0 else None, specs, 0, group,
+                                               torch.device("cpu"))
+            moved += weight_sync.bucket_bytes(out)
+            received.update({name: t.clone() for name, t in out})
+        results[rank] = (moved, received, len(plan))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def test_receivers_get_every_tensor_of_the_sender(monkeypatch) -> None:
-    monkeypatch.setattr(weight_sync, "BUCKET_BYTES", 200_000)  # several buckets
+def test_receivers_get_every_tensor_of_the_sender() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     results = mp.Manager().dict()
     mp.start_processes(_run, args=(port, results), nprocs=3, start_method="fork")
-    moved, sender = results[0]
-    _, receiver = results[1]
+    moved, sender, buckets = results[0]
+    _, receiver, _ = results[1]
+    assert buckets > 2
+    assert sender.keys() == receiver.keys() == _state(0).keys()
     for name, tensor in sender.items():
         assert torch.equal(receiver[name], tensor), name
+        assert float(receiver[name].flatten()[0]) == 1.0  # the sender's (rank 0) values
         assert receiver[name].dtype == tensor.dtype
     assert moved == sum(t.numel() * t.element_size() for t in sender.values())

@@ -1,9 +1,10 @@
 """Build a rank's models and node executors from the workflow, the plan and the config.
 
 `build_agent_models` loads, per agent group, only what this rank's nodes need: the actor
-engine (its module doubles as the colocated `hf` rollout), the frozen reference, the
-critic engine. `build_executor` maps each node to its executor by (type, role) with a
-plain match: every node type the loader accepts either gets an executor here or a clear
+engine, the rollout backend by `rollout.name` (`hf`: the actor's own module when this rank
+holds all of it; `vllm`: an in-process engine), the frozen reference, the critic engine.
+`build_executor` maps each node to its executor by (type, role) with a plain match: every
+node type the loader accepts either gets an executor here or a clear
 error naming the node. A ROLLOUT node whose `agent_options` name an `env` runs multi-turn
 episodes; one with `agent_options.chain_template` prompts with its parent ROLLOUT node's
 samples (the next agent of a multi-agent chain, `executors/chain.py`), single- or
@@ -19,6 +20,7 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoModelForTokenClassification,
     PreTrainedTokenizerBase,
@@ -26,6 +28,7 @@ from transformers import (
 
 from dagrl.batch import Batch
 from dagrl.config import JobConfig, node_config
+from dagrl.engines import require_engine
 from dagrl.envs import agent_node_problems, agent_options, env_factory
 from dagrl.errors import ConfigError, InvalidInputError
 from dagrl.models import load_tokenizer
@@ -54,6 +57,7 @@ from dagrl_worker.executors.multiturn import MultiTurnRolloutExecutor
 from dagrl_worker.rollout import HFRollout, RolloutBackend
 from dagrl_worker.training.engine import TrainEngine
 from dagrl_worker.training.parallel import DataParallel
+from dagrl_worker.weight_layout import TensorSpec, specs_of
 
 
 class UnsupportedNodeError(InvalidInputError):
@@ -130,13 +134,9 @@ def build_agent_models(graph: TaskGraph, my_nodes: set[str], agent_group: int,
     policy_path = model_path(graph, agent_group, NodeRole.ACTOR, config)
     tokenizer = load_tokenizer(policy_path)
     models = AgentModels(tokenizer=tokenizer)
-    if NodeRole.ROLLOUT in roles and NodeRole.ACTOR not in roles:
-        # a rollout-only rank: its own full model, refreshed by weight sync every step
-        rollout_module = _load_causal_lm(policy_weights or policy_path, dtype)
-        rollout_module.eval()
-        models.rollout = HFRollout(rollout_module, tokenizer)
+    weights = policy_weights or policy_path
     if NodeRole.ACTOR in roles:
-        module = _load_causal_lm(policy_weights or policy_path, dtype)
+        module = _load_causal_lm(weights, dtype)
         module.train()
         strategy = config.actor_rollout_ref.actor.strategy
         if strategy == "megatron":
@@ -144,13 +144,10 @@ def build_agent_models(graph: TaskGraph, my_nodes: set[str], agent_group: int,
                                        "a GPU; use fsdp or ddp on CPU")
         models.actor = TrainEngine(module, config.actor_rollout_ref.actor.optim, total_steps,
                                    _training_dp(nodes, NodeRole.ACTOR, dp_for), strategy)
-        if NodeRole.ROLLOUT in roles:
-            if strategy == "ddp" or not models.actor.dp.is_distributed:
-                rollout_module = module  # a full copy on this rank: generate with it directly
-            else:  # sharded: generate with a full copy that each update refreshes
-                rollout_module = _load_causal_lm(policy_weights or policy_path, dtype)
-                models.rollout_copy = rollout_module
-            models.rollout = HFRollout(rollout_module, tokenizer)
+    if NodeRole.ROLLOUT in roles:
+        models.rollout = build_rollout(weights, config, tokenizer, models.actor)
+        if models.actor is None:  # a rollout-only rank: weight sync fills in the policy
+            models.policy_specs = policy_specs(weights, dtype)
     if NodeRole.REFERENCE in roles:
         reference = _load_causal_lm(policy_path, dtype)
         reference.eval().requires_grad_(False)
@@ -162,6 +159,38 @@ def build_agent_models(graph: TaskGraph, my_nodes: set[str], agent_group: int,
         models.critic = TrainEngine(value_model, config.critic.optim, total_steps,
                                     _training_dp(nodes, NodeRole.CRITIC, dp_for), "ddp")
     return models
+
+
+def build_rollout(weights: str, config: JobConfig, tokenizer: PreTrainedTokenizerBase,
+                  actor: TrainEngine | None) -> RolloutBackend:
+    """The rank's rollout backend, by `actor_rollout_ref.rollout.name`.
+
+    `hf` generates with the actor's own module when this rank holds all of it (DDP or one
+    rank), else with a module of its own; `vllm` always runs an engine of its own. Weight
+    sync refreshes whatever does not share the actor's module.
+    """
+    rollout = config.actor_rollout_ref.rollout
+    dtype = config.actor_rollout_ref.model.dtype
+    if rollout.name == "vllm":
+        require_engine("vllm")
+        from dagrl_worker.rollout.vllm_engine import VLLMRollout, check_tensor_parallel
+
+        check_tensor_parallel(rollout, torch.cuda.is_available())
+        return VLLMRollout(weights, rollout, dtype, int(tokenizer.pad_token_id),
+                           int(tokenizer.eos_token_id))
+    if actor is not None and not actor.is_sharded:
+        return HFRollout(actor.inner, tokenizer, shares_actor_weights=True)
+    module = _load_causal_lm(weights, dtype)
+    module.eval()
+    return HFRollout(module, tokenizer)
+
+
+def policy_specs(path: str, dtype: str) -> list[TensorSpec]:
+    """The policy's tensors without loading its weights (a meta-device instance)."""
+    model_config = AutoConfig.from_pretrained(path, local_files_only=True)
+    with torch.device("meta"):
+        module = AutoModelForCausalLM.from_config(model_config, dtype=getattr(torch, dtype))
+    return specs_of(module.state_dict().items())
 
 
 def _training_dp(nodes: list[Node], role: NodeRole,
@@ -202,7 +231,7 @@ def build_executor(node: Node, models: AgentModels, config: JobConfig, target_gr
         engine = _need(models.actor, node, "an actor model")
         if node.only_forward_compute:
             return OldLogProbExecutor(engine)
-        return ActorTrainExecutor(engine, models.rollout_copy)
+        return ActorTrainExecutor(engine)
     if role == NodeRole.REFERENCE:
         return ReferenceLogProbExecutor(models)
     if role == NodeRole.CRITIC:

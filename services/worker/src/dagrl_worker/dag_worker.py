@@ -31,6 +31,7 @@ from dagrl import telemetry
 from dagrl.algorithms import AdaptiveKLController, FixedKLController, KLController
 from dagrl.batch import Batch
 from dagrl.config import JobConfig
+from dagrl.engines import require_engine
 from dagrl.envs import check_agent_nodes
 from dagrl.errors import InvalidInputError
 from dagrl.workflow import NodeRole, TaskGraph
@@ -40,18 +41,18 @@ from dagrl_worker.builder import build_agent_models, build_executor, shared_toke
 from dagrl_worker.config import WorkerSettings
 from dagrl_worker.dataflow import EdgeRouter, ShardStore, join_by_uid
 from dagrl_worker.executors.base import AgentModels, Executor, StepContext
-from dagrl_worker.executors.models import copy_weights
 from dagrl_worker.metrics import MetricSink, Reduce, Summary
 from dagrl_worker.plan_view import PlanView
 from dagrl_worker.prompt_source import PromptSource
 from dagrl_worker.prompts import dp_slice, prompts_to_batch
-from dagrl_worker.rollout import HFRollout
 from dagrl_worker.spec import WorkerSpec
 from dagrl_worker.training.parallel import DataParallel
 from dagrl_worker.validation import validate_workflow
 from dagrl_worker.weight_sync import (
+    ModelSync,
     SyncGroup,
-    broadcast_weights,
+    plan_model_syncs,
+    run_model_sync,
     sync_groups,
     trainer_ranks,
 )
@@ -78,6 +79,7 @@ class DAGWorker:
         self.total_steps = 0
         self.data_job = spec.job_id  # set per attempt by init_graph
         self.weight_syncs: list[tuple[SyncGroup, dist.ProcessGroup | None]] = []
+        self.model_syncs: list[ModelSync] = []
         torch.manual_seed(self.config.trainer.seed * 1000 + rank)
         services = self.config.services
         self.telemetry = telemetry.setup(
@@ -99,6 +101,13 @@ class DAGWorker:
         for sync in sync_groups(self.graph, self.plan):  # after the plan's, same order
             handle = dist.new_group(list(sync.ranks)) if dist.is_initialized() else None
             self.weight_syncs.append((sync, handle))
+        rollout = self.config.actor_rollout_ref.rollout
+        if rollout.name == "vllm" and dist.is_initialized():
+            # every rank, before any engine exists: vLLM's own groups over this world
+            require_engine("vllm")
+            from dagrl_worker.rollout.vllm_engine import init_parallel_state
+
+            init_parallel_state(rollout, self.plan.world_size, self.rank)
 
     def _dp_for(self, node_id: str) -> DataParallel:
         group = self.plan.group_of(node_id)
@@ -137,6 +146,8 @@ class DAGWorker:
                 self._target_groups(node_id), self.groups.get(group.name) if group else None)
         self.router = EdgeRouter(self.graph, self.plan, self.rank, self.data_job,
                                  self.store, balance_batch=self.config.trainer.balance_batch)
+        self.model_syncs = plan_model_syncs(self.graph, self.plan, self.rank, self.models,
+                                            self.weight_syncs)
         first_step = self._load_checkpoint(resume) if resume else 1
         return first_step, self.total_steps
 
@@ -159,7 +170,7 @@ class DAGWorker:
                           regenerate=lambda node_id, rnd: self._regenerate(step, node_id, rnd))
         with telemetry.step_span(step, self.spec.job_id, parent=trace) as span:
             self.walk(ctx, global_prompts, self.order, self.router)
-            self._sync_weights()
+            self._sync_weights(sink)
             span.add_tokens(int(sink.value("tokens/generated")))
         self.router.clear()
         sink.add("perf/time_per_step", time.perf_counter() - started, Reduce.MAX)
@@ -201,26 +212,23 @@ class DAGWorker:
         agent = self.graph[node_id].agent_group
         return dataclasses.replace(ctx, sink=ctx.sink.scoped(f"agent{agent}/"))
 
-    def _sync_weights(self) -> None:
-        """Send updated models to the ranks that use but do not train them (weight_sync)."""
-        for sync, group in self.weight_syncs:
-            models = self.models.get(sync.agent_group)
-            engine = None
-            if models is not None:
-                engine = models.actor if sync.role == NodeRole.ACTOR else models.critic
-            sharded = engine is not None and engine.strategy == "fsdp" and engine.dp.is_distributed
-            state = None
-            if engine is not None and (self.rank == sync.source or sharded):
-                state = engine.full_state_dict()  # a collective of the trainers under FSDP
-            if self.rank not in sync.ranks or group is None or models is None:
-                continue
-            if self.rank != sync.source:
-                state = _receiving_state(models, sync.role)
-            assert state is not None
-            with telemetry.phase_span(telemetry.SPAN_WEIGHT_SYNC) as span:
-                span.add_bytes(broadcast_weights(state, sync.source, group))
-            if self.rank != sync.source and models.rollout_copy is not None and models.actor:
-                copy_weights(models.actor, models.rollout_copy)
+    def _sync_weights(self, sink: MetricSink) -> None:
+        """Every updated model to where it is used untrained: this rank's rollout engine,
+        and the ranks that run it without training it (`weight_sync`)."""
+        if not self.model_syncs:
+            return
+        started = time.perf_counter()
+        moved = 0
+        with telemetry.phase_span(telemetry.SPAN_WEIGHT_SYNC) as span:
+            for sync in self.model_syncs:
+                moved += run_model_sync(sync, self.models[sync.agent_group], self.rank)
+            span.add_bytes(moved)
+        seconds = time.perf_counter() - started
+        sink.add(telemetry.KEY_WEIGHT_SYNC_TIME, seconds, Reduce.MAX)
+        if moved:
+            sink.add(telemetry.KEY_WEIGHT_SYNC_BYTES, moved, Reduce.SUM)
+            sink.add(telemetry.KEY_WEIGHT_SYNC_GBPS, moved / max(seconds, 1e-9) / 1e9,
+                     Reduce.MEAN, weight=moved)
 
     def _regenerate(self, step: int, node_id: str, round_index: int) -> Batch:
         """Rerun this rank's ancestors of `node_id` on freshly drawn prompts (DAPO).
@@ -309,17 +317,6 @@ class DAGWorker:
         self.kl_controller.value = float(rank_state["kl_coef"])
         checkpoint.restore_rng(rank_state["rng"])
         return int(trainer_state["step"]) + 1
-
-
-def _receiving_state(models: AgentModels, role: NodeRole) -> dict[str, torch.Tensor]:
-    """The tensors a receiving rank fills in place: its copy of the synced model."""
-    if role == NodeRole.CRITIC:
-        assert models.critic is not None
-        return models.critic.inner.state_dict()
-    if models.actor is not None:
-        return models.actor.inner.state_dict()
-    assert isinstance(models.rollout, HFRollout)
-    return models.rollout.module.state_dict()
 
 
 # The node that adds each field the built-in executors read, for "missing field" errors.

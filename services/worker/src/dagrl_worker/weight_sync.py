@@ -1,27 +1,35 @@
-"""Weight sync from the ranks that train a model to the ranks that only use it.
+"""Weight sync: the updated policy into its rollout engines, the updated critic to its users.
 
-When the plan colocates every node of a model (the common case), the `hf` rollout generates
-with the actor's own module (or a full copy that each update refreshes) and nothing crosses
-ranks. When some ranks run a model without training it — rollout or log-probs of the actor,
-values of the critic, on ranks where the plan put no training node of that model — the
-first training rank broadcasts the updated weights to them at the end of every step, in
-buckets of at most `BUCKET_BYTES`, over a process group of the sender and those receivers.
-Every rank derives the same groups from the plan in the same order, so `new_group` calls
-match.
+After every step `DAGWorker._sync_weights` moves each trained model to where it is used
+without being trained, in buckets of whole decoder layers of at most `BUCKET_BYTES`:
+- colocated: a rank that trains the actor and rolls out with weights of its own (a vLLM
+  engine, or an `hf` module beside a sharded actor) loads each bucket into its backend
+  (`RolloutBackend.update_weights`, the engine's own in-place reload);
+- across ranks: ranks that run a model without training it (rollout-only ranks of a split
+  plan or `spread`, forward-only log-prob or value ranks) get each bucket by broadcast from
+  the model's first trainer over a group of the sender and those receivers (`SyncGroup`);
+  every rank derives the same groups from the plan in the same order, so `new_group` calls
+  match.
+The trainers produce the tensors one at a time (`TrainEngine.full_tensors`: under FSDP2 one
+all-gather per tensor), so beyond one bucket no second full copy of the model is held. The
+bucket layout is a pure function of the tensors' names, shapes and dtypes (`plan_buckets`):
+a receiver computes it from a meta-device copy of the model, without any metadata on the wire.
+A bucket never splits a decoder layer: vLLM processes a layer (fused q/k/v, gate/up, CPU
+repacking) once all of its tensors arrived in one reload.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from dagrl.workflow import NodeRole, NodeType, TaskGraph
+from dagrl_worker.executors.base import AgentModels
 from dagrl_worker.plan_view import PlanView
-
-BUCKET_BYTES = 64 << 20
+from dagrl_worker.weight_layout import TensorSpec, plan_buckets, specs_of
 
 
 @dataclass(frozen=True)
@@ -33,12 +41,8 @@ class SyncGroup:
     source: int  # the first rank that trains the model
     ranks: tuple[int, ...]  # source first, then the receivers
 
-    @property
-    def receivers(self) -> tuple[int, ...]:
-        return self.ranks[1:]
 
-
-# The roles whose nodes run each model: the actor's module also serves the rollout.
+# The roles whose nodes run each model without training it: the actor's serves the rollout.
 _USERS = {NodeRole.ACTOR: (NodeRole.ACTOR, NodeRole.ROLLOUT), NodeRole.CRITIC: (NodeRole.CRITIC,)}
 
 
@@ -49,54 +53,170 @@ def trainer_ranks(graph: TaskGraph, plan: PlanView, agent: int, role: NodeRole) 
             for r in plan.layout(n.node_id).ranks}
 
 
+def role_ranks(graph: TaskGraph, plan: PlanView, agent: int, roles: Iterable[NodeRole]) -> set[int]:
+    """The ranks that run any node of `agent` with one of `roles`."""
+    wanted = set(roles)
+    return {r for n in graph.nodes if n.agent_group == agent and n.node_role in wanted
+            for r in plan.layout(n.node_id).ranks}
+
+
 def sync_groups(graph: TaskGraph, plan: PlanView) -> list[SyncGroup]:
     """One group per (agent, model) used on ranks that do not train it, in a fixed order."""
     groups = []
     for agent in graph.agent_groups():
-        nodes = [n for n in graph.nodes if n.agent_group == agent]
         for role, users in _USERS.items():
             trainers = trainer_ranks(graph, plan, agent, role)
-            holders = {r for n in nodes if n.node_role in users
-                       for r in plan.layout(n.node_id).ranks}
-            receivers = sorted(holders - trainers)
+            receivers = sorted(role_ranks(graph, plan, agent, users) - trainers)
             if trainers and receivers:
                 source = min(trainers)
                 groups.append(SyncGroup(agent, role, source, (source, *receivers)))
     return groups
 
 
-def _buckets(names: list[str], tensors: dict[str, torch.Tensor]) -> Iterator[list[str]]:
-    bucket: list[str] = []
-    size = 0
-    for name in names:
-        nbytes = tensors[name].numel() * tensors[name].element_size()
-        same_dtype = not bucket or tensors[bucket[0]].dtype == tensors[name].dtype
-        if bucket and (size + nbytes > BUCKET_BYTES or not same_dtype):
-            yield bucket
-            bucket, size = [], 0
-        bucket.append(name)
-        size += nbytes
-    if bucket:
+Bucket = list[tuple[str, torch.Tensor]]
+
+
+def group_into_buckets(tensors: Iterator[tuple[str, torch.Tensor]],
+                       plan: list[list[TensorSpec]]) -> Iterator[Bucket]:
+    """The tensors as they come (in the plan's order), handed on a bucket at a time."""
+    for specs in plan:
+        bucket = []
+        for spec in specs:
+            name, tensor = next(tensors)
+            if name != spec.name or tuple(tensor.shape) != spec.shape:
+                raise RuntimeError(f"weight sync expected {spec.name} {list(spec.shape)}, got "
+                                   f"{name} {list(tensor.shape)}: the models differ")
+            bucket.append((name, tensor))
         yield bucket
 
 
 @torch.no_grad()
-def broadcast_weights(tensors: dict[str, torch.Tensor], source: int,
-                      group: dist.ProcessGroup) -> int:
-    """Send (on `source`) or receive into (elsewhere) `tensors`, bucket by bucket.
+def broadcast_bucket(bucket: Bucket | None, specs: list[TensorSpec], source: int,
+                     group: dist.ProcessGroup, device: torch.device) -> Bucket:
+    """Send `bucket` (on `source`) or receive it (elsewhere: pass None) as one flat tensor on
+    `device` (the group's: CPU for gloo, the GPU for NCCL). Returns the bucket's tensors."""
+    if bucket is not None:
+        flat = torch.cat([t.detach().to(device).reshape(-1) for _, t in bucket])
+    else:
+        flat = torch.empty(sum(s.numel for s in specs), dtype=specs[0].dtype, device=device)
+    dist.broadcast(flat, src=source, group=group)
+    if bucket is not None:
+        return bucket
+    received, offset = [], 0
+    for spec in specs:
+        received.append((spec.name, flat[offset:offset + spec.numel].view(spec.shape)))
+        offset += spec.numel
+    return received
 
-    Both sides pass the same names and shapes: the sender its actor's full state dict, a
-    receiver its rollout module's state dict, which is filled in place. Returns bytes moved.
-    """
+
+@torch.no_grad()
+def copy_into(module: torch.nn.Module, bucket: Bucket) -> None:
+    """Load a bucket into a plain module's tensors in place (a forward-only replica)."""
+    own = module.state_dict()
+    for name, tensor in bucket:
+        own[name].copy_(tensor)
+
+
+def bucket_bytes(bucket: Bucket) -> int:
+    return sum(t.numel() * t.element_size() for _, t in bucket)
+
+
+@dataclass(frozen=True)
+class ModelSync:
+    """What this rank does to sync one model (`role`) of one agent after a step."""
+
+    agent_group: int
+    role: NodeRole
+    gathers: bool  # iterates the trainer's full tensors (all trainers when sharded)
+    loads_locally: bool  # loads them into its own rollout backend (colocated engine)
+    group: SyncGroup | None  # the broadcast it takes part in, if any
+    handle: dist.ProcessGroup | None
+
+
+def plan_model_syncs(graph: TaskGraph, plan: PlanView, rank: int,
+                     models: dict[int, AgentModels],
+                     groups: list[tuple[SyncGroup, dist.ProcessGroup | None]]
+                     ) -> list[ModelSync]:
+    """This rank's part of every model's sync, in the one order all ranks follow."""
+    by_key = {(g.agent_group, g.role): (g, h) for g, h in groups}
+    syncs = []
+    for agent in graph.agent_groups():
+        for role in (NodeRole.ACTOR, NodeRole.CRITIC):
+            trainers = trainer_ranks(graph, plan, agent, role)
+            group, handle = by_key.get((agent, role), (None, None))
+            local = models.get(agent)
+            engine = None if local is None else (local.actor if role == NodeRole.ACTOR
+                                                 else local.critic)
+            rollout = local.rollout if local is not None and role == NodeRole.ACTOR else None
+            loads_locally = (rank in trainers and rollout is not None
+                             and not rollout.shares_actor_weights)
+            is_source = group is not None and rank == group.source
+            sharded = engine is not None and engine.is_sharded
+            # sharded: every trainer joins each all-gather when any trainer needs the tensors
+            anyone_needs = group is not None or (role == NodeRole.ACTOR and bool(
+                trainers & role_ranks(graph, plan, agent, (NodeRole.ROLLOUT,))))
+            gathers = rank in trainers and (anyone_needs if sharded else
+                                            loads_locally or is_source)
+            in_group = group is not None and rank in group.ranks
+            if gathers or loads_locally or in_group:
+                syncs.append(ModelSync(agent, role, gathers, loads_locally,
+                                       group if in_group else None, handle))
+    return syncs
+
+
+def run_model_sync(sync: ModelSync, models: AgentModels, rank: int) -> int:
+    """One model's sync on this rank (see `ModelSync`); returns the bytes it moved."""
+    engine = models.actor if sync.role == NodeRole.ACTOR else models.critic
     moved = 0
-    for bucket in _buckets(sorted(tensors), tensors):
-        flat = torch.cat([tensors[name].detach().reshape(-1) for name in bucket])
-        dist.broadcast(flat, src=source, group=group)
-        moved += flat.numel() * flat.element_size()
-        if dist.get_rank() != source:
-            offset = 0
-            for name in bucket:
-                target = tensors[name]
-                target.copy_(flat[offset:offset + target.numel()].view_as(target))
-                offset += target.numel()
+    if sync.gathers:
+        assert engine is not None
+        tensors = engine.full_tensors()
+        specs = specs_of(engine.inner.state_dict().items())
+        for bucket in group_into_buckets(tensors, plan_buckets(specs)):
+            if sync.loads_locally:
+                assert models.rollout is not None
+                models.rollout.update_weights(bucket)
+                moved += bucket_bytes(bucket)
+            if sync.group is not None and rank == sync.group.source:
+                assert sync.handle is not None
+                broadcast_bucket(bucket, [], sync.group.source, sync.handle,
+                                 _group_device(sync.handle))
+                moved += bucket_bytes(bucket)
+        return moved
+    if sync.group is None or sync.handle is None:
+        return 0
+    for specs in plan_buckets(receiver_specs(models, sync.role)):  # a receiving rank
+        bucket = broadcast_bucket(None, specs, sync.group.source, sync.handle,
+                                  _group_device(sync.handle))
+        _load_received(models, sync.role, bucket)
+        moved += bucket_bytes(bucket)
     return moved
+
+
+def receiver_specs(models: AgentModels, role: NodeRole) -> list[TensorSpec]:
+    """The tensors a receiving rank expects: its replica's, else the policy's layout."""
+    if role == NodeRole.CRITIC:
+        assert models.critic is not None
+        return specs_of(models.critic.inner.state_dict().items())
+    if models.actor is not None:
+        return specs_of(models.actor.inner.state_dict().items())
+    assert models.policy_specs is not None, "a rollout-only rank knows the policy's layout"
+    return models.policy_specs
+
+
+def _load_received(models: AgentModels, role: NodeRole, bucket: Bucket) -> None:
+    if role == NodeRole.CRITIC:
+        assert models.critic is not None
+        copy_into(models.critic.inner, bucket)
+        return
+    if models.actor is not None:  # a forward-only replica of the actor
+        copy_into(models.actor.inner, bucket)
+    if models.rollout is not None and not models.rollout.shares_actor_weights:
+        models.rollout.update_weights(bucket)
+
+
+def _group_device(group: dist.ProcessGroup) -> torch.device:
+    """Where a group's tensors must live: NCCL broadcasts device tensors only."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

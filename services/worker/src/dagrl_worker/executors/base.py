@@ -23,6 +23,7 @@ from dagrl_worker.metrics import MetricSink
 from dagrl_worker.rollout import RolloutBackend
 from dagrl_worker.training.engine import TrainEngine
 from dagrl_worker.training.parallel import DataParallel
+from dagrl_worker.weight_layout import TensorSpec
 
 
 @dataclass
@@ -34,9 +35,9 @@ class AgentModels:
     rollout: RolloutBackend | None = None
     reference: PreTrainedModel | None = None
     critic: TrainEngine | None = None
-    # A full copy of a sharded actor that the rollout generates with (None: the rollout
-    # shares the actor's own module); refreshed after every actor update.
-    rollout_copy: torch.nn.Module | None = None
+    # The policy's tensors (names, shapes, dtypes) on a rank that rolls out without the
+    # actor: what its weight sync receives (`weight_sync.receiver_specs`).
+    policy_specs: list[TensorSpec] | None = None
 
 
 @dataclass

@@ -37,10 +37,11 @@ class RewardExecutor:
             _report_scores(ctx, batch.tensors["token_level_scores"].sum(dim=1), len(batch))
             return batch
         mask = batch.tensors["response_mask"]  # [B, R]
-        texts = self.tokenizer.batch_decode(
-            [row[m.bool()].tolist() for row, m in zip(batch.tensors["responses"], mask,
-                                                       strict=True)],
-            skip_special_tokens=True)
+        responses = [row[m.bool()].tolist() for row, m in zip(batch.tensors["responses"], mask,
+                                                              strict=True)]
+        # no call for an empty shard: transformers < 5.20 decodes [] as one empty text
+        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True) \
+            if responses else []
         with telemetry.phase_span(telemetry.SPAN_REWARD_SCORE):
             scores = torch.tensor([self._score(batch, i, text) for i, text in enumerate(texts)])
         lengths = mask.sum(dim=1)  # [B]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -9,15 +10,19 @@ import torch
 from dagrl import telemetry
 from dagrl.batch import Batch
 from dagrl.config import JobConfig
+from dagrl.errors import InvalidInputError
 from dagrl_worker.executors.base import AgentModels, StepContext, response_tokens
 from dagrl_worker.metrics import Reduce
 from dagrl_worker.rollout import RolloutBackend, SamplingParams
+from dagrl_worker.rollout.base import step_seed
 from dagrl_worker.training.engine import TrainEngine
 from dagrl_worker.training.ppo import (
+    ActorUpdate,
     MiniBatchPlan,
     compute_log_probs,
     compute_values,
     forward_module,
+    record_mismatch,
     update_actor,
     update_critic,
 )
@@ -38,8 +43,11 @@ def val_sampling(config: JobConfig) -> SamplingParams:
 
 
 def rollout_sampling(ctx: StepContext) -> SamplingParams:
-    """The sampling parameters of a rollout in this context: training's or validation's."""
-    return val_sampling(ctx.config) if ctx.validating else train_sampling(ctx.config)
+    """The sampling parameters of a rollout in this context: training's or validation's,
+    seeded for this step (engines that seed each sample derive its seed from this one)."""
+    params = val_sampling(ctx.config) if ctx.validating else train_sampling(ctx.config)
+    seed = step_seed(ctx.config.actor_rollout_ref.rollout.seed, ctx.step, ctx.validating)
+    return dataclasses.replace(params, seed=seed)
 
 
 class RolloutExecutor:
@@ -50,6 +58,7 @@ class RolloutExecutor:
         params = rollout_sampling(ctx)
         with telemetry.phase_span(telemetry.SPAN_ROLLOUT_GENERATE) as span, ctx.sink.compute():
             out = self.backend.generate(batch, params)
+            self.backend.sleep()  # frees the engine's cache while the rank trains (GPU)
             lengths = out.tensors["response_mask"].sum(dim=1).float()  # [B]
             span.set_batch_size(len(out))
             span.add_tokens(int(lengths.sum()))
@@ -69,16 +78,28 @@ def _temperature(ctx: StepContext) -> float:
 
 
 class OldLogProbExecutor:
-    """ACTOR, forward only: log-probs under the weights that generated the samples."""
+    """ACTOR, forward only: log-probs under the weights that generated the samples, and how
+    far the rollout engine's own log-probs of the same tokens are from them (`rollout_corr/`).
+
+    With `actor.use_rollout_log_probs` the engine's log-probs are the old log-probs and the
+    forward pass is skipped (`actor/old_log_prob_pass_skipped` = 1); the mismatch is then
+    measured in the update's first mini-batch (`ppo.update_actor`).
+    """
 
     def __init__(self, engine: TrainEngine) -> None:
         self.engine = engine
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
+        if ctx.config.actor_rollout_ref.actor.use_rollout_log_probs:
+            rollout_log_probs = require_rollout_log_probs(batch)
+            ctx.sink.add(telemetry.KEY_OLD_LOG_PROB_SKIPPED, 1.0, Reduce.MAX)
+            return batch.with_fields(tensors={"old_log_probs": rollout_log_probs})
         module, peers = forward_module(self.engine)
         micro = ctx.config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_rank
         with telemetry.phase_span(telemetry.SPAN_LOG_PROB), ctx.sink.compute():
             log_probs = compute_log_probs(module, batch, micro, _temperature(ctx), peers)
+        if "rollout_log_probs" in batch:
+            record_mismatch(log_probs, batch, ctx.sink)
         return batch.with_fields(tensors={"old_log_probs": log_probs})
 
 
@@ -117,22 +138,22 @@ def _plan(config: JobConfig, mini_batch_size: int, micro: int, epochs: int) -> M
 
 
 class ActorTrainExecutor:
-    """ACTOR: PPO/GSPO policy update, then weight sync to the rollout: implicit when the
-    `hf` rollout shares the actor's module (DDP), a full-state copy when it is sharded."""
+    """ACTOR: PPO/GSPO policy update (with the rollout correction when configured). The new
+    weights reach the rollout backends after the step (`DAGWorker._sync_weights`)."""
 
-    def __init__(self, engine: TrainEngine, rollout_copy: torch.nn.Module | None = None) -> None:
+    def __init__(self, engine: TrainEngine) -> None:
         self.engine = engine
-        self.rollout_copy = rollout_copy
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
         actor = ctx.config.actor_rollout_ref.actor
         plan = _plan(ctx.config, actor.ppo_mini_batch_size,
                      actor.ppo_micro_batch_size_per_rank, actor.ppo_epochs)
-        update_actor(self.engine, batch, actor, plan, _temperature(ctx), ctx.sink)
+        correction = ctx.config.algorithm.rollout_correction
+        if correction.mode != "off":
+            require_rollout_log_probs(batch)
+        update_actor(self.engine, batch, ActorUpdate(actor, correction, _temperature(ctx)),
+                     plan, ctx.sink)
         ctx.sink.add("tokens/trained", response_tokens(batch) * actor.ppo_epochs, Reduce.SUM)
-        if self.rollout_copy is not None:
-            with telemetry.phase_span(telemetry.SPAN_WEIGHT_SYNC):
-                copy_weights(self.engine, self.rollout_copy)
         return batch
 
 
@@ -148,7 +169,11 @@ class CriticTrainExecutor:
         return batch
 
 
-@torch.no_grad()
-def copy_weights(source: TrainEngine, target: torch.nn.Module) -> None:
-    """Weight sync into a separate rollout module (used when the actor is sharded)."""
-    target.load_state_dict(source.full_state_dict())
+def require_rollout_log_probs(batch: Batch) -> torch.Tensor:
+    if "rollout_log_probs" not in batch:
+        raise InvalidInputError(
+            "actor.use_rollout_log_probs and algorithm.rollout_correction need the rollout's "
+            "log-probs (`rollout_log_probs`), which this batch does not carry: single-turn "
+            "rollouts of every backend add them; multi-turn episodes do not yet. Turn both "
+            "off for this workflow")
+    return batch.tensors["rollout_log_probs"]

@@ -56,6 +56,7 @@ class MultiTurnRolloutExecutor:
         with telemetry.phase_span(telemetry.SPAN_ROLLOUT_GENERATE) as span, ctx.sink.compute():
             episodes = asyncio.run(run_episodes(rows, prompts, self.make_env, self.processor,
                                                 generate, limits))
+            self.backend.sleep()  # frees the engine's cache while the rank trains (GPU)
             out = episodes_to_batch(samples, episodes, self.pad_token_id, width)
             policy_tokens = out.tensors["response_mask"].sum(dim=1).float()  # [B]
             span.set_batch_size(len(out))

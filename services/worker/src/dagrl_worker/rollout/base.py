@@ -10,13 +10,24 @@ column (uid made unique per sample, group_id kept) plus:
     input_ids      [B*n, P+R]  prompts then responses
     attention_mask [B*n, P+R]
     position_ids   [B*n, P+R]  positions that skip left padding
+    rollout_log_probs [B*n, R] each sampled token's log-prob under the sampling distribution
+                               (temperature, top-k/top-p applied; 0 off the response mask);
+                               single-turn rollouts only, for now
 
-Backends for vLLM and SGLang implement the same Protocol, imported lazily so the CPU
-install never needs them.
+A backend also takes the policy's new weights after every actor update (`update_weights`,
+named tensors in Hugging Face names, bucket by bucket: `DAGWorker._sync_weights` is the one
+place weights move) and may free its memory while the rank trains (`sleep` / `wake_up`).
+
+Seeds: with `SamplingParams.seed` set, a backend that can seed each sample derives its seed
+from (that seed, the sample's uid) (`sample_seed`), so a resumed run samples the same tokens
+as an uninterrupted one. Engines other than `hf` (vLLM; SGLang later) are one module each,
+imported lazily so an install without them never needs them (`dagrl_worker.rollout.engines`).
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,10 +44,42 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    seed: int | None = None  # per-sample seeds from (seed, uid); None: the engine's RNG
+
+
+NamedTensors = Iterable[tuple[str, torch.Tensor]]
 
 
 class RolloutBackend(Protocol):
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch: ...
+
+    @property
+    def shares_actor_weights(self) -> bool:
+        """True when it generates with the actor's own module: nothing to sync."""
+        ...
+
+    def update_weights(self, weights: NamedTensors) -> None:
+        """Load these (a bucket of the policy's named tensors, HF names) in place."""
+        ...
+
+    def sleep(self) -> None:
+        """Free what generation holds (KV cache) while the rank trains."""
+        ...
+
+    def wake_up(self) -> None:
+        """Undo `sleep` before the next generation."""
+        ...
+
+
+def sample_seed(seed: int, uid: str) -> int:
+    """A 63-bit seed for one sample, stable across processes and runs (unlike `hash`)."""
+    digest = hashlib.blake2b(f"{seed}|{uid}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def step_seed(seed: int, step: int, validating: bool) -> int:
+    """The seed of one step's rollouts: training and validation draw apart."""
+    return sample_seed(seed, f"step{step}{'v' if validating else ''}")
 
 
 def response_mask_until_eos(responses: torch.Tensor, eos_token_id: int) -> torch.Tensor:
@@ -52,14 +95,20 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def rollout_batch(samples: Batch, responses: torch.Tensor, response_mask: torch.Tensor,
-                  response_attention: torch.Tensor,
+                  response_attention: torch.Tensor, rollout_log_probs: torch.Tensor | None = None,
                   extra: dict[str, torch.Tensor] | None = None) -> Batch:
     """The layout every backend returns (module docstring), from the prompt rows `samples`
     (`prompt_ids`, `prompt_mask` [B, P]) and what was generated after them.
 
     `response_attention` [B, R] is 1 on every real response token: the policy's, and in a
     multi-turn rollout also the environment's (which `response_mask` leaves out of the loss).
+    `rollout_log_probs` [B, R] (0 past the policy's tokens) is left out when not given: the
+    multi-turn loop does not gather them across turns yet.
     """
+    if rollout_log_probs is not None:
+        on_policy = response_mask.bool()  # where(): a padded step's log-prob may be -inf
+        extra = {"rollout_log_probs": torch.where(on_policy, rollout_log_probs.float(), 0.0),
+                 **(extra or {})}
     prompt_ids = samples.tensors["prompt_ids"]  # [B, P]
     attention_mask = torch.cat([samples.tensors["prompt_mask"], response_attention],
                                dim=1)  # [B, P+R]

@@ -1,17 +1,34 @@
 """The `hf` rollout backend: transformers `generate` with a KV cache, on CPU or GPU.
 
-Colocated with the actor it generates with the actor's own module (no weight copy): the
-weights it samples from are always the latest. Sampling uses the process's torch RNG, so
-a worker seeded and restored from a checkpoint generates the same tokens again.
+Colocated with a DDP (or single-rank) actor it generates with the actor's own module
+(`shares_actor_weights`: no weight copy, the weights it samples from are always the latest).
+Otherwise (a sharded actor, or a rank without the actor) it holds a full module of its own
+that `update_weights` refreshes after every actor update. Sampling uses the process's torch
+RNG, so a worker seeded and restored from a checkpoint generates the same tokens again
+(`SamplingParams.seed` is for engines that seed each sample).
+
+Each sampled token's log-prob comes from the scores `generate` samples from (after
+temperature, top-k and top-p), gathered one step behind by `_SampledLogProbs` so that only one
+step's [B, V] distribution is held at a time.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from dagrl.batch import Batch
 from dagrl_worker.rollout.base import (
+    NamedTensors,
     SamplingParams,
     response_mask_until_eos,
     rollout_batch,
@@ -21,26 +38,49 @@ from dagrl_worker.rollout.base import (
 class HFRollout:
     """Generate with a Hugging Face causal LM (a module shared with the actor, or its own)."""
 
-    def __init__(self, module: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(self, module: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                 shares_actor_weights: bool = False) -> None:
         self.module = module
         self.pad_token_id = int(tokenizer.pad_token_id)
         self.eos_token_id = int(tokenizer.eos_token_id)
+        self._shares_actor_weights = shares_actor_weights
+
+    @property
+    def shares_actor_weights(self) -> bool:
+        return self._shares_actor_weights
 
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         samples = prompts.repeat_interleave(params.n)
         prompt_ids = samples.tensors["prompt_ids"]  # [B, P]
         prompt_mask = samples.tensors["prompt_mask"]  # [B, P]
-        responses = self._sample(prompt_ids, prompt_mask, params)  # [B, R]
+        responses, log_probs = self._sample(prompt_ids, prompt_mask, params)  # [B, R] x2
         response_mask = response_mask_until_eos(responses, self.eos_token_id)  # [B, R]
         responses = torch.where(response_mask.bool(), responses, self.pad_token_id)
-        return rollout_batch(samples, responses, response_mask, response_mask)
+        return rollout_batch(samples, responses, response_mask, response_mask,
+                             rollout_log_probs=log_probs)
+
+    @torch.no_grad()
+    def update_weights(self, weights: NamedTensors) -> None:
+        own = self.module.state_dict()
+        for name, tensor in weights:
+            if name not in own:
+                raise KeyError(f"weight {name!r} is not a tensor of the rollout module")
+            own[name].copy_(tensor)
+
+    def sleep(self) -> None:
+        """Nothing to free: `generate` keeps no cache between calls."""
+
+    def wake_up(self) -> None:
+        """Nothing to restore (see `sleep`)."""
 
     @torch.no_grad()
     def _sample(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                params: SamplingParams) -> torch.Tensor:
+                params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        width = params.max_new_tokens
         if prompt_ids.shape[0] == 0:  # an empty shard (fewer groups than ranks): nothing to run
-            return torch.zeros((0, params.max_new_tokens), dtype=torch.long)
+            return torch.zeros((0, width), dtype=torch.long), torch.zeros((0, width))
         device = next(self.module.parameters()).device
+        recorder = _SampledLogProbs(prompt_ids.shape[1])
         was_training = self.module.training
         self.module.eval()
         try:
@@ -48,26 +88,79 @@ class HFRollout:
                 input_ids=prompt_ids.to(device),
                 attention_mask=prompt_mask.to(device),
                 generation_config=self._generation_config(params),
+                logits_processor=_warpers(params, recorder),
             )
         finally:
             self.module.train(was_training)
         responses = output[:, prompt_ids.shape[1]:].cpu()  # [B, <=R]
-        missing = params.max_new_tokens - responses.shape[1]
+        log_probs = recorder.finish(output).cpu()  # [B, <=R]
+        missing = width - responses.shape[1]
         if missing > 0:  # every row stopped early: pad to the fixed width R
-            filler = torch.full((responses.shape[0], missing), self.pad_token_id)
-            responses = torch.cat([responses, filler], dim=1)
-        return responses
+            responses = torch.cat([responses, torch.full((responses.shape[0], missing),
+                                                         self.pad_token_id)], dim=1)
+            log_probs = torch.cat([log_probs, torch.zeros(log_probs.shape[0], missing)], dim=1)
+        return responses, log_probs
 
     def _generation_config(self, params: SamplingParams) -> GenerationConfig:
-        sampling = {}
-        if params.do_sample:
-            sampling = {"temperature": params.temperature, "top_p": params.top_p,
-                        "top_k": params.top_k or None}
+        """No warpers of its own: `_warpers` applies them before the log-prob recorder."""
         return GenerationConfig(
             max_new_tokens=params.max_new_tokens,
             do_sample=params.do_sample,
             pad_token_id=self.pad_token_id,
             eos_token_id=self.eos_token_id,
             use_cache=True,
-            **sampling,
+            temperature=1.0, top_k=None, top_p=1.0,
         )
+
+
+def _warpers(params: SamplingParams, recorder: _SampledLogProbs) -> LogitsProcessorList:
+    """Temperature, top-k, top-p (as `generate` would apply them), then the recorder.
+
+    transformers runs custom processors before its own warpers, so the warpers are given here
+    and the generation config carries none: the recorder then sees the final distribution.
+    """
+    processors: list[LogitsProcessor] = []
+    if params.do_sample:
+        if params.temperature != 1.0:
+            processors.append(TemperatureLogitsWarper(params.temperature))
+        if params.top_k:
+            processors.append(TopKLogitsWarper(params.top_k))
+        if params.top_p < 1.0:
+            processors.append(TopPLogitsWarper(params.top_p))
+    return LogitsProcessorList([*processors, recorder])
+
+
+class _SampledLogProbs(LogitsProcessor):
+    """Records log p(sampled token) under the distribution `generate` samples from.
+
+    It runs after the warpers (`_warpers`), so the scores seen here are final. The token
+    drawn from step t's scores is only known at step t+1 (or after `generate` returns), so
+    each call gathers the previous step's token and keeps just the current step's
+    log-softmax.
+    """
+
+    def __init__(self, prompt_width: int) -> None:
+        self.prompt_width = prompt_width
+        self.previous: torch.Tensor | None = None  # [B, V] log-softmax of the last step
+        self.gathered: list[torch.Tensor] = []  # per step [B]
+
+    def __call__(self, input_ids: torch.LongTensor,
+                 scores: torch.FloatTensor) -> torch.FloatTensor:
+        self._gather(input_ids)
+        self.previous = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def finish(self, output: torch.Tensor) -> torch.Tensor:
+        """Per-token log-probs of the generated part of `output`. # [B, R']"""
+        self._gather(output)
+        if not self.gathered:
+            return torch.zeros(output.shape[0], 0)
+        return torch.stack(self.gathered, dim=1)
+
+    def _gather(self, sequences: torch.Tensor) -> None:
+        if self.previous is None:
+            return
+        token = sequences[:, self.prompt_width + len(self.gathered)]  # [B]
+        self.gathered.append(self.previous.gather(1, token[:, None].to(
+            self.previous.device))[:, 0])
+        self.previous = None

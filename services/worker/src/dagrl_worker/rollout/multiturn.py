@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -32,7 +33,12 @@ import torch
 from dagrl.batch import Batch
 from dagrl.envs import TOOL_CALLS, TOOL_ERRORS, Environment, Trajectory, episode_reward
 from dagrl_worker.prompts import prompts_to_batch
-from dagrl_worker.rollout.base import RolloutBackend, SamplingParams, rollout_batch
+from dagrl_worker.rollout.base import (
+    RolloutBackend,
+    SamplingParams,
+    rollout_batch,
+    sample_seed,
+)
 from dagrl_worker.rollout.processing import TurnProcessor
 
 NUM_TURNS = "num_turns"  # the column of assistant turns per sample
@@ -46,12 +52,17 @@ class GenerateFn(Protocol):
 
 def backend_generate_fn(backend: RolloutBackend, pad_token_id: int,
                         params: SamplingParams) -> GenerateFn:
-    """A GenerateFn over any rollout backend (one sample per context)."""
+    """A GenerateFn over any rollout backend (one sample per context). A seeded backend gets a
+    seed per call (from `params.seed` and the call's number), so the calls draw apart."""
+    calls = itertools.count()
+
     def generate(contexts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
         rows: dict[str, list[Any]] = {"prompt_ids": list(contexts),
                                       "index": list(range(len(contexts)))}
         prompts = prompts_to_batch(rows, pad_token_id, "turn")
-        out = backend.generate(prompts, replace(params, n=1, max_new_tokens=max_new_tokens))
+        seed = None if params.seed is None else sample_seed(params.seed, f"call{next(calls)}")
+        out = backend.generate(prompts, replace(params, n=1, max_new_tokens=max_new_tokens,
+                                                seed=seed))
         responses, mask = out.tensors["responses"], out.tensors["response_mask"]  # [B, R]
         return [row[m.bool()].tolist() for row, m in zip(responses, mask, strict=True)]
     return generate

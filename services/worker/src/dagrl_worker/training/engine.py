@@ -41,6 +41,7 @@ class TrainEngine:
         self.optimizer = build_optimizer([p for p in self.module.parameters()
                                           if p.requires_grad], optim)
         self.scheduler = build_scheduler(self.optimizer, total_steps, optim)
+        self.steps_taken = 0  # optimizer steps of this process (not restored on resume)
 
     def _wrap(self, module: torch.nn.Module) -> torch.nn.Module:
         if not self.dp.is_distributed:
@@ -83,6 +84,7 @@ class TrainEngine:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
+        self.steps_taken += 1
         return float(grad_norm)
 
     @property
@@ -100,6 +102,17 @@ class TrainEngine:
             state = get_model_state_dict(self.module, options=options)
             return {k: v.detach().cpu() for k, v in state.items()}  # type: ignore[union-attr]
         return {k: v.detach().cpu() for k, v in self.inner.state_dict().items()}
+
+    def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every tensor of the model unsharded, one at a time, on the model's device (weight
+        sync). Under FSDP each is an all-gather: every trainer iterates to the end."""
+        for name, value in self.inner.state_dict().items():
+            full = value.full_tensor() if hasattr(value, "full_tensor") else value
+            yield name, full.detach()
+
+    @property
+    def is_sharded(self) -> bool:
+        return isinstance(self.module, FSDPModule)
 
     def load_full_state_dict(self, state: dict[str, Any]) -> None:
         if isinstance(self.module, FSDPModule):

@@ -26,9 +26,11 @@ from dagrl.algorithms import (
     compute_value_loss,
     get_policy_loss_fn,
     kl_penalty,
+    rollout_mismatch,
+    truncated_is_weights,
 )
 from dagrl.batch import Batch
-from dagrl.config import ActorConfig, CriticConfig
+from dagrl.config import ActorConfig, CriticConfig, RolloutCorrectionConfig
 from dagrl_worker.metrics import MetricSink, Reduce
 from dagrl_worker.training.engine import TrainEngine
 from dagrl_worker.training.forward import response_log_probs, response_values
@@ -56,7 +58,8 @@ def _micro_batches(engine: TrainEngine, mini: Batch, size: int) -> list[Batch | 
     return pieces + [None] * (count - len(pieces))
 
 
-_PER_TOKEN_FIELDS = ("old_log_probs", "ref_log_probs", "advantages", "returns", "values")
+_PER_TOKEN_FIELDS = ("old_log_probs", "ref_log_probs", "advantages", "returns", "values",
+                     "rollout_log_probs")
 
 
 def masked_out_row(template: Batch) -> Batch:
@@ -104,20 +107,65 @@ def run_minibatches(engine: TrainEngine, rows: Batch, plan: MiniBatchPlan, mode:
     return grad_norms
 
 
-def update_actor(engine: TrainEngine, rows: Batch, config: ActorConfig, plan: MiniBatchPlan,
-                 temperature: float, sink: MetricSink) -> None:
-    """PPO (or GSPO) policy update with optional entropy bonus and KL-to-reference loss."""
+@dataclass(frozen=True)
+class ActorUpdate:
+    """What one policy update needs from the job config."""
+
+    actor: ActorConfig
+    correction: RolloutCorrectionConfig
+    temperature: float
+
+
+def record_mismatch(actor_log_probs: torch.Tensor, batch: Batch, sink: MetricSink) -> None:
+    """`rollout_corr/*`: the engine's log-probs of the sampled tokens against the actor's."""
+    mask = batch.tensors["response_mask"]
+    gap = rollout_mismatch(actor_log_probs, batch.tensors["rollout_log_probs"], mask)
+    if gap.tokens == 0:
+        return
+    sink.add(telemetry.KEY_ROLLOUT_CORR_LOG_PPL_DIFF, gap.log_ppl_diff, Reduce.MEAN,
+             weight=float((mask.sum(dim=1) > 0).sum()))
+    sink.add(telemetry.KEY_ROLLOUT_CORR_KL, gap.kl, Reduce.MEAN, weight=gap.tokens)
+    sink.add(telemetry.KEY_ROLLOUT_CORR_MAX_ABS_DIFF, gap.max_abs_diff, Reduce.MAX)
+
+
+def _correction_weights(batch: Batch, correction: RolloutCorrectionConfig,
+                        sink: MetricSink) -> torch.Tensor | None:
+    """Truncated importance weights pi_old / pi_rollout for this micro-batch, or None."""
+    if correction.mode == "off":
+        return None
+    mask = batch.tensors["response_mask"]
+    weights = truncated_is_weights(batch.tensors["old_log_probs"],
+                                   batch.tensors["rollout_log_probs"], mask, correction.mode,
+                                   correction.tis_imp_ratio_cap)
+    tokens = float(mask.sum())
+    sink.add(telemetry.KEY_ROLLOUT_CORR_TIS_MEAN, weights.mean, Reduce.MEAN, weight=tokens)
+    sink.add(telemetry.KEY_ROLLOUT_CORR_TIS_CLIPFRAC, weights.clipfrac, Reduce.MEAN,
+             weight=tokens)
+    return weights.weights
+
+
+def update_actor(engine: TrainEngine, rows: Batch, update: ActorUpdate, plan: MiniBatchPlan,
+                 sink: MetricSink) -> None:
+    """PPO (or GSPO) policy update with optional entropy bonus, KL-to-reference loss and
+    truncated importance sampling against the rollout engine (`update.correction`)."""
+    config, temperature = update.actor, update.temperature
     loss_config = PolicyLossConfig(config.clip_ratio_low, config.clip_ratio_high,
                                    config.clip_ratio_c, config.loss_agg_mode)
     policy_loss = get_policy_loss_fn(config.policy_loss)
     mode = config.loss_agg_mode
+    steps_before = engine.steps_taken
+    # old log-probs taken from the engine: measure the gap before the first optimizer step
+    measure_gap = config.use_rollout_log_probs and "rollout_log_probs" in rows
 
     def micro_step(batch: Batch, scale: float) -> None:
         mask = batch.tensors["response_mask"].float()  # [b, R]
         log_prob, entropy = response_log_probs(engine.module, batch, temperature,
                                                with_entropy=True)
+        if measure_gap and engine.steps_taken == steps_before:
+            record_mismatch(log_prob.detach(), batch, sink)
         pg_loss, stats = policy_loss(batch.tensors["old_log_probs"], log_prob,
-                                     batch.tensors["advantages"], mask, loss_config)
+                                     batch.tensors["advantages"], mask, loss_config,
+                                     _correction_weights(batch, update.correction, sink))
         loss = pg_loss
         tokens = float(mask.sum())
         if entropy is not None:
