@@ -52,6 +52,10 @@ class ConfigError(InvalidInputError):
         super().__init__(f"{len(self.problems)} configuration problem(s){where}:\n{lines}")
 
 
+class YamlInputError(InvalidInputError):
+    """YAML text is malformed or over `dagrl.safe_yaml`'s limits (aliases, depth, size)."""
+
+
 class WorkflowError(InvalidInputError):
     """A workflow DAG is malformed: bad YAML, unknown key, cycle, bad reference."""
 
@@ -74,6 +78,10 @@ class RewardError(DagrlError):
 
 class RefResolutionError(InvalidInputError):
     """A `module:attr` or `path/to/file.py:attr` reference does not resolve."""
+
+
+class BindError(DagrlError):
+    """A server cannot listen on its address: the port is in use or the host is not local."""
 
 
 class LocalServerError(DagrlError):

@@ -4,6 +4,10 @@ that names what is wrong, never a hang, never a partial batch."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+import signal
 import threading
 import time
 import uuid
@@ -80,6 +84,59 @@ def test_redis_killed_while_a_consumer_waits(private_redis: LocalRedis, job: str
     assert not waiter.is_alive()
     assert time.monotonic() - started < 5
     assert len(outcome) == 1 and isinstance(outcome[0], RedisUnavailableError)
+
+
+@contextlib.contextmanager
+def frozen(server: LocalRedis, after_s: float = 0.0) -> Iterator[None]:
+    """The redis-server stopped (SIGSTOP, `after_s` from now, by the PID of the process the
+    fixture started): it still accepts connections and requests, and never answers. SIGCONT
+    on the way out."""
+    stop = threading.Timer(after_s, os.kill, (server.pid, signal.SIGSTOP))
+    stop.start()
+    if not after_s:
+        stop.join()
+    try:
+        yield
+    finally:
+        stop.cancel()
+        stop.join()
+        os.kill(server.pid, signal.SIGCONT)  # type: ignore[arg-type]
+
+
+def tried_s(error: RedisUnavailableError, timeout_s: float) -> float:
+    """How long the message says Redis was tried; it must say that the timeout ran out."""
+    found = re.search(r"failed \d+ time\(s\) in ([\d.]+) s", str(error))
+    assert found is not None, str(error)
+    assert f"the call's timeout_s={timeout_s:g} ran out" in str(error)
+    return float(found.group(1))
+
+
+@pytest.mark.parametrize("fast_reads", [True, False])
+def test_a_frozen_redis_fails_a_get_by_its_timeout(private_redis: LocalRedis, job: str,
+                                                   fast_reads: bool) -> None:
+    """Default settings (30 s socket timeout, 4 retries): the call's 3 s bound it all."""
+    with DataBufferClient(private_redis.url, fast_reads=fast_reads) as client:
+        client.put(job, 0, "a->b", 0, samples(10), producer_size=1)
+        with frozen(private_redis):
+            started = time.monotonic()
+            with pytest.raises(RedisUnavailableError, match="unreachable") as caught:
+                client.get(job, 0, "a->b", 0, 1, timeout_s=3)
+            elapsed = time.monotonic() - started
+        assert 3 <= elapsed < 4.5
+        assert tried_s(caught.value, 3) == pytest.approx(elapsed, abs=0.3)
+        assert len(client.get(job, 0, "a->b", 0, 1, timeout_s=0)) == 10  # thawed: one look
+
+
+def test_a_redis_frozen_while_a_consumer_waits(private_redis: LocalRedis, job: str) -> None:
+    with DataBufferClient(private_redis.url) as client:
+        client.put(job, 0, "a->b", 0, samples(3), producer_size=2)  # rank 1 never comes
+        with frozen(private_redis, after_s=0.5):
+            started = time.monotonic()
+            with pytest.raises(RedisUnavailableError) as caught:
+                client.get_groups(job, 0, "a->b", ["s0"], 0, 1, timeout_s=2)
+            elapsed = time.monotonic() - started
+        assert 2 <= elapsed < 3.5
+        assert tried_s(caught.value, 2) == pytest.approx(elapsed - 0.5, abs=0.3)  # frozen at 0.5
 
 
 def test_redis_never_there(job: str) -> None:

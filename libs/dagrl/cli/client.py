@@ -25,12 +25,14 @@ import grpc
 import yaml
 
 from dagrl.config import TrainerConfig, apply_overrides
-from dagrl.errors import DagrlError, InvalidInputError, UnavailableError
+from dagrl.errors import DagrlError, InvalidInputError, UnavailableError, YamlInputError
 from dagrl.local import stop_process
 from dagrl.rpc.auth import with_bearer_token
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from dagrl.rpc.jobspec import load_config
+from dagrl.rpc.limits import SCHEDULER_MAX_MESSAGE_BYTES, message_size_options
 from dagrl.rpc.status import error_from_rpc
+from dagrl.safe_yaml import load_yaml
 from dagrl.workflow import list_builtin_workflows
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
@@ -109,8 +111,8 @@ def _trainer_setting(spec: scheduler_pb2.JobSpec, key: str) -> int:
 
 def _cluster_file(path: str) -> scheduler_pb2.ClusterSpec:
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
+        data = load_yaml(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, YamlInputError) as exc:
         raise InvalidInputError(f"{path}: cannot read the cluster file: {exc}") from exc
     entries = data.get("nodes") if isinstance(data, dict) else None
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
@@ -203,8 +205,8 @@ def _read(path: Path) -> str:
 
 def _try_yaml(text: str) -> object:
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
+        return load_yaml(text)
+    except YamlInputError:
         return None  # sent as a config: the scheduler reports the syntax error with the line
 
 
@@ -222,7 +224,8 @@ class SchedulerClient:
                 f"--scheduler or set {ADDRESS_ENV}")
         self.address = address
         self._timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(address)
+        self._channel = grpc.insecure_channel(
+            address, options=message_size_options(SCHEDULER_MAX_MESSAGE_BYTES))
         self._stub = scheduler_pb2_grpc.SchedulerServiceStub(
             with_bearer_token(self._channel, token))
 

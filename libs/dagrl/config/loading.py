@@ -3,7 +3,8 @@
 `load_job_config("job.yaml", ["trainer.total_epochs=3"])` reads the file, applies each
 override (`a.b.c=value`, the value parsed as YAML so `3` is an int and `null` is None),
 and builds the typed `JobConfig`. Every problem — YAML syntax, unknown keys, wrong
-types, cross-field rules, malformed overrides — comes back in one `ConfigError`.
+types, cross-field rules, malformed overrides — comes back in one `ConfigError`. YAML is
+parsed by `dagrl.safe_yaml` (no aliases, bounded size and depth): the text may be a request's.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dagrl.config.job import JobConfig
 from dagrl.config.typed import build
-from dagrl.errors import ConfigError
+from dagrl.errors import ConfigError, YamlInputError
+from dagrl.safe_yaml import MAX_DEPTH, load_yaml
+
+MAX_OVERRIDES = 1000  # each is parsed on its own; a request must not ask for millions
 
 
 def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
@@ -32,12 +34,9 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
 def parse_yaml_mapping(text: str, source: str) -> dict[str, Any]:
     """YAML text's top-level mapping; ConfigError naming `source`, line and column."""
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"malformed YAML{where}: {problem}", source=source) from exc
+        data = load_yaml(text)
+    except YamlInputError as exc:
+        raise ConfigError(str(exc), source=source) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -50,17 +49,24 @@ def parse_yaml_mapping(text: str, source: str) -> dict[str, Any]:
 
 def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
     """A copy of `data` with each `dotted.key=value` override set."""
+    given = list(overrides)
+    if len(given) > MAX_OVERRIDES:
+        raise ConfigError(f"{len(given)} overrides, more than the {MAX_OVERRIDES} accepted; "
+                          "put the settings in the config file", source="command-line overrides")
     result = _deep_copy(data)
     problems = []
-    for override in overrides:
+    for override in given:
         key, sep, raw = override.partition("=")
         if not sep or not key.strip():
             problems.append(f"override {override!r} is not of the form section.key=value")
             continue
+        if key.count(".") >= MAX_DEPTH:
+            problems.append(f"override {key[:40]!r}...: more than {MAX_DEPTH} dotted levels")
+            continue
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
-            value = raw
+            value = load_yaml(raw) if raw.strip() else ""
+        except YamlInputError:
+            value = raw  # not YAML (or refused): the text itself, which the typed build checks
         _set_dotted(result, key.strip().split("."), value, override, problems)
     if problems:
         raise ConfigError(problems, source="command-line overrides")

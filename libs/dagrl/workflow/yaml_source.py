@@ -1,8 +1,9 @@
 """Parse workflow YAML safely and remember where each node and key sits in the text.
 
-Only `yaml.SafeLoader` is used: a workflow file cannot construct Python objects. The document
-is composed first and constructed second, so the loader can quote line numbers and notice a
-key written twice in one mapping (plain `safe_load` keeps the last one silently).
+`dagrl.safe_yaml` parses it: a workflow cannot construct Python objects, hold aliases, nest
+without bound or be huge (a request's workflow is anyone's text). The document is composed
+first and constructed second, so the loader can quote line numbers and notice a key written
+twice in one mapping (plain `safe_load` keeps the last one silently).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from typing import Any
 
 import yaml
 
-from dagrl.errors import WorkflowError
+from dagrl.errors import WorkflowError, YamlInputError
+from dagrl.safe_yaml import parse_document
 
 
 @dataclass
@@ -40,21 +42,11 @@ class SourceLines:
 
 def parse_yaml(text: str, source: str) -> tuple[Any, SourceLines]:
     """The document as plain data and its line index; malformed YAML → WorkflowError."""
-    loader = yaml.SafeLoader(text)
     try:
-        root = loader.get_single_node()
-        lines = _index(root)
-        data = loader.construct_document(root) if root is not None else None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = exc.problem or exc.context or "cannot be parsed"
-        raise WorkflowError(f"{source}: malformed YAML{where}: {problem}") from None
-    except yaml.YAMLError as exc:
-        raise WorkflowError(f"{source}: malformed YAML: {exc}") from None
-    finally:
-        loader.dispose()
-    return data, lines
+        document = parse_document(text)
+    except YamlInputError as exc:
+        raise WorkflowError(f"{source}: {exc}") from None
+    return document.data, _index(document.root)
 
 
 def _index(root: yaml.Node | None) -> SourceLines:

@@ -11,13 +11,13 @@ every producer's meta, compute the same partition as every other consumer
 (`dagrl.batch.partition`), fetch only the row blocks that hold this consumer's rows,
 decode, concatenate in global row order, then record the read; the last of the edge's
 `dp_size` consumers deletes the edge. Errors are typed (`dagrl.errors`): nothing partial
-is ever returned as if whole.
+is ever returned as if whole. A get's `timeout_s` bounds its Redis I/O too (`deadline`): a
+Redis that stops answering fails the call by then, not after the socket timeouts.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import replace
@@ -37,6 +37,7 @@ from dagrl.errors import (
 )
 from dagrl_databuffer import keys as K
 from dagrl_databuffer.config import BufferSettings
+from dagrl_databuffer.deadline import within
 from dagrl_databuffer.reports import BufferStats, EdgePlan, JobUsage, ShardInfo
 from dagrl_databuffer.shard import (
     ShardMeta,
@@ -173,21 +174,19 @@ class DataBufferClient:
         keys = K.EdgeKeys(job, step, edge)
         if producers is not None:
             K.check_rank("producer", 0, producers)
-        if not (isinstance(timeout_s, int | float) and 0 <= timeout_s < math.inf):
-            raise DataBufferRequestError(f"timeout_s must be a finite number >= 0, got "
-                                         f"{timeout_s!r}")
-        deadline = time.monotonic() + timeout_s
-        interval = self.settings.poll_interval_s
-        while True:
-            size, metas = self._read_metas(keys, producers)
-            missing = [rank for rank, meta in enumerate(metas) if meta is None]
-            if size and not missing:
-                return [m for m in metas if m is not None]
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise ShardNotReadyError(_not_ready_message(keys, size, missing, timeout_s))
-            time.sleep(min(interval, remaining))
-            interval = min(interval * 2, _MAX_POLL_INTERVAL_S)
+        with within(timeout_s):
+            deadline = time.monotonic() + timeout_s
+            interval = self.settings.poll_interval_s
+            while True:
+                size, metas = self._read_metas(keys, producers)
+                missing = [rank for rank, meta in enumerate(metas) if meta is None]
+                if size and not missing:
+                    return [m for m in metas if m is not None]
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ShardNotReadyError(_not_ready_message(keys, size, missing, timeout_s))
+                time.sleep(min(interval, remaining))
+                interval = min(interval * 2, _MAX_POLL_INTERVAL_S)
 
     def _read_metas(self, keys: K.EdgeKeys,
                     producers: int | None) -> tuple[int, list[ShardMeta | None]]:
@@ -242,9 +241,10 @@ class DataBufferClient:
         """
         keys = K.EdgeKeys(job, step, edge)
         K.check_rank("consumer", dp_rank, dp_size)
-        plan = self.plan(job, step, edge, dp_size, producers, timeout_s=timeout_s)
-        batch = self._fetch(keys, plan.metas, plan.partition.rows[dp_rank])
-        self._release(keys, plan.metas, dp_rank, dp_size)
+        with within(timeout_s):  # waiting, fetching and releasing: all of it
+            plan = self.plan(job, step, edge, dp_size, producers, timeout_s=timeout_s)
+            batch = self._fetch(keys, plan.metas, plan.partition.rows[dp_rank])
+            self._release(keys, plan.metas, dp_rank, dp_size)
         return batch
 
     def get_groups(self, job: str, step: int, edge: str, group_ids: Collection[str],
@@ -260,23 +260,24 @@ class DataBufferClient:
         """
         keys = K.EdgeKeys(job, step, edge)
         K.check_rank("consumer", dp_rank, dp_size)
-        metas = self.wait_ready(job, step, edge, producers, timeout_s=timeout_s)
-        wanted = set(group_ids)
-        rows = []
-        found: set[str] = set()
-        for row, group in enumerate(g for meta in metas for g in meta.group_ids):
-            if group in wanted:
-                rows.append(row)
-                found.add(group)
-        missing = sorted(wanted - found)
-        if missing:
-            raise BatchError(
-                f"edge {edge!r} of step {step} (job {job!r}) has no rows of {len(missing)} of "
-                f"the {len(wanted)} groups consumer {dp_rank} of {dp_size} asked for (e.g. "
-                f"{missing[0]!r})")
-        batch = self._fetch(keys, metas, rows)
-        self._release(keys, metas, dp_rank, dp_size)
-        return batch
+        with within(timeout_s):  # waiting, fetching and releasing: all of it
+            metas = self.wait_ready(job, step, edge, producers, timeout_s=timeout_s)
+            wanted = set(group_ids)
+            rows = []
+            found: set[str] = set()
+            for row, group in enumerate(g for meta in metas for g in meta.group_ids):
+                if group in wanted:
+                    rows.append(row)
+                    found.add(group)
+            missing = sorted(wanted - found)
+            if missing:
+                raise BatchError(
+                    f"edge {edge!r} of step {step} (job {job!r}) has no rows of {len(missing)} of "
+                    f"the {len(wanted)} groups consumer {dp_rank} of {dp_size} asked for (e.g. "
+                    f"{missing[0]!r})")
+            batch = self._fetch(keys, metas, rows)
+            self._release(keys, metas, dp_rank, dp_size)
+            return batch
 
     def _fetch(self, keys: K.EdgeKeys, metas: Sequence[ShardMeta], rows: Sequence[int]) -> Batch:
         needed = rows_by_block(metas, rows)

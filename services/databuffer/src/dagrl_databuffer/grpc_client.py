@@ -17,9 +17,9 @@ from dagrl.batch import Batch, decode_parts, encode_parts
 from dagrl.rpc.auth import with_bearer_token
 from dagrl.rpc.gen.databuffer.v1 import databuffer_pb2 as pb
 from dagrl.rpc.gen.databuffer.v1 import databuffer_pb2_grpc
+from dagrl.rpc.limits import DATABUFFER_MAX_MESSAGE_BYTES, message_size_options
 from dagrl.rpc.status import error_from_rpc
 from dagrl_databuffer.reports import BufferStats, JobUsage, ShardInfo
-from dagrl_databuffer.server import MAX_MESSAGE_BYTES
 from dagrl_databuffer.servicer import SERVICE_NAME
 from dagrl_databuffer.wire import GET_CHUNK_TAG, PUT_CHUNK_TAG, chunk_payload, framed_chunks
 
@@ -33,9 +33,8 @@ class DataBufferGrpcClient:
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
         self.address = address
         self.chunk_bytes = chunk_bytes
-        channel = grpc.insecure_channel(address, options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+        channel = grpc.insecure_channel(
+            address, options=message_size_options(DATABUFFER_MAX_MESSAGE_BYTES))
         self._channel = with_bearer_token(channel, token)
         self._stub = databuffer_pb2_grpc.DataBufferServiceStub(self._channel)
         self._put_shard = self._channel.stream_unary(

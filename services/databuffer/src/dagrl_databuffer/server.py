@@ -16,6 +16,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dagrl.rpc.auth import BearerTokenInterceptor
+from dagrl.rpc.limits import DATABUFFER_MAX_MESSAGE_BYTES
+from dagrl.rpc.serving import bind_port, server_options
 from dagrl_databuffer.client import DataBufferClient
 from dagrl_databuffer.config import ServiceConfig
 from dagrl_databuffer.servicer import SERVICE_NAME, DataBufferServicer, handlers
@@ -24,7 +26,6 @@ log = logging.getLogger(__name__)
 
 PROTECTED_METHODS = tuple(f"/{SERVICE_NAME}/{m}" for m in ("PutShard", "GetShard", "DeleteStep"))
 TOKEN_HINT = "pass the databuffer's token (DAGRL_DATABUFFER_TOKEN) as a bearer token"
-MAX_MESSAGE_BYTES = 64 << 20  # the largest PutShard chunk a client may send
 
 
 class DataBufferServer:
@@ -48,10 +49,8 @@ class DataBufferServer:
             try:
                 redis_info = client.check_server()
                 server = self._build(client)
-                self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
-                if self.port == 0:
-                    raise OSError(f"cannot bind {self.config.host}:{self.config.port}; choose "
-                                  "another DAGRL_DATABUFFER_PORT (0: any free port)")
+                self.port = bind_port(server, self.config.host, self.config.port,
+                                      "DAGRL_DATABUFFER_PORT")
             except BaseException:
                 client.close()
                 raise
@@ -72,8 +71,7 @@ class DataBufferServer:
             futures.ThreadPoolExecutor(max_workers=self.config.max_workers,
                                        thread_name_prefix="databuffer-rpc"),
             interceptors=interceptors,
-            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+            options=server_options(DATABUFFER_MAX_MESSAGE_BYTES))
         server.add_generic_rpc_handlers(
             (handlers(DataBufferServicer(client, self.config.grpc_chunk_bytes)),))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)

@@ -5,7 +5,9 @@ like is `shard`, and the put/get protocol is `client`.
 
 - Every call goes through `call`: connection failures are retried with exponential
   backoff (`BufferSettings.retry_attempts`, `retry_backoff_s`), then raise
-  RedisUnavailableError naming the URL. Socket timeouts are always set, so nothing hangs.
+  RedisUnavailableError naming the URL and the time it really took. Socket timeouts are
+  always set, so nothing hangs, and inside a caller's deadline (`deadline.within`) they and
+  the retries end at it.
 - Writes are pipelined SETs of memoryviews: redis-py's pure-Python packer sends them
   as they are, without a copy (hiredis's packer would copy every value: NOTES).
 - Reads: redis-py's pure-Python parser copies a bulk reply about four times on its way
@@ -34,6 +36,7 @@ from dagrl.errors import (
     RedisUnavailableError,
     ShardCorruptError,
 )
+from dagrl_databuffer import deadline
 from dagrl_databuffer.config import BufferSettings, redact_url
 
 log = logging.getLogger(__name__)
@@ -98,6 +101,7 @@ class RedisStore:
         self.url = redact_url(settings.redis_url)
         self.redis = redis.Redis.from_url(
             settings.redis_url,
+            connection_class=deadline.connection_class(settings.redis_url),
             socket_connect_timeout=settings.connect_timeout_s,
             socket_timeout=settings.socket_timeout_s,
             socket_read_size=1 << 20,
@@ -112,9 +116,13 @@ class RedisStore:
         self.redis.close()
 
     def call(self, what: str, fn: Callable[[redis.Redis], T]) -> T:
-        """`fn(redis)` with bounded retries on connection failures; typed errors otherwise."""
+        """`fn(redis)` with bounded retries on connection failures; typed errors otherwise.
+        Within a caller's deadline, no retry starts that would end after it."""
+        started = time.monotonic()
         delay = self.settings.retry_backoff_s
-        for attempt in range(self.settings.retry_attempts + 1):
+        attempts = 0
+        while True:
+            attempts += 1
             try:
                 return fn(self.redis)
             except redis.AuthenticationError as exc:
@@ -123,21 +131,23 @@ class RedisStore:
                     "fix the user/password in DAGRL_REDIS_URL", url=self.url) from exc
             except _RETRYABLE as exc:
                 last: Exception = exc
-                if attempt < self.settings.retry_attempts:
-                    log.warning("redis %s: %s failed (%s); retry in %.2f s",
-                                self.url, what, exc, delay)
-                    time.sleep(delay)
-                    delay *= 2
             except redis.ResponseError as exc:
                 raise self._response_error(what, exc) from exc
             except redis.RedisError as exc:  # protocol errors and the like: not retryable
                 raise DataBufferError(f"Redis at {self.url}: {what} failed: {exc}") from exc
+            remaining = deadline.remaining_s()
+            out_of_time = remaining is not None and remaining <= delay
+            if attempts > self.settings.retry_attempts or out_of_time:
+                break
+            log.warning("redis %s: %s failed (%s); retry in %.2f s", self.url, what, last, delay)
+            time.sleep(delay)
+            delay *= 2
+        why = f"; the call's timeout_s={deadline.timeout_s():g} ran out" if out_of_time else ""
         raise RedisUnavailableError(
-            f"Redis at {self.url} is unreachable: {what} failed "
-            f"{self.settings.retry_attempts + 1} times over "
-            f"{self.settings.retry_budget_s:.1f} s ({type(last).__name__}: {last}); check that "
-            "redis-server is running and that DAGRL_REDIS_URL points to it",
-            url=self.url) from last
+            f"Redis at {self.url} is unreachable: {what} failed {attempts} time(s) in "
+            f"{time.monotonic() - started:.1f} s ({type(last).__name__}: {last}){why}; check "
+            "that redis-server is running (and not stopped) and that DAGRL_REDIS_URL points to "
+            "it", url=self.url) from last
 
     def _response_error(self, what: str, exc: redis.ResponseError) -> DataBufferError:
         if isinstance(exc, redis.exceptions.OutOfMemoryError) or "maxmemory" in str(exc):
@@ -286,6 +296,7 @@ def _get_into(conn: Any, targets: list[tuple[str, memoryview]]) -> Problem:
     for number, window in enumerate(windows):
         for i in window:
             key, target = targets[i]
+            sock.settimeout(deadline.socket_timeout(conn.socket_timeout))  # these recvs too
             pending, message = _receive_reply(sock, pending, key, target)
             if message is not None and problem is None:
                 problem = (key, message)

@@ -21,6 +21,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
 from dagrl.rpc.gen.metrics.v1 import metrics_pb2, metrics_pb2_grpc
+from dagrl.rpc.serving import bind_port, listen_error, server_options
 from dagrl_metrics.config import MetricsConfig
 from dagrl_metrics.forward import TraceForwarder
 from dagrl_metrics.otlp import MetricsReceiver, TraceReceiver
@@ -65,8 +66,11 @@ class MetricsServer:
             self._query, self.query_port = self._query_server()
             registry = make_registry(ServiceCollector(
                 self.series, self.store.latest_complete, lambda: self.store.spans_received))
-            self._web = DashboardServer(cfg.host, cfg.http_port, self.store, registry,
-                                        cfg.jaeger_ui_url)
+            try:
+                self._web = DashboardServer(cfg.host, cfg.http_port, self.store, registry,
+                                            cfg.jaeger_ui_url)
+            except OSError:
+                raise listen_error(cfg.host, cfg.http_port, "DAGRL_METRICS_HTTP_PORT") from None
             self.http_port = self._web.port
             self._otlp.start()
             self._query.start()
@@ -119,11 +123,9 @@ class MetricsServer:
         self._add_health(server, [_QUERY_SERVICE])
         return server, self._bind(server, self.config.query_port, "query_port")
 
-    def _grpc_server(self, max_message: int = 4 * 1024 * 1024) -> grpc.Server:
-        return grpc.server(
-            futures.ThreadPoolExecutor(max_workers=self.config.grpc_workers),
-            options=[("grpc.max_receive_message_length", max_message),
-                     ("grpc.so_reuseport", 0)])
+    def _grpc_server(self, max_message: int | None = None) -> grpc.Server:
+        return grpc.server(futures.ThreadPoolExecutor(max_workers=self.config.grpc_workers),
+                           options=server_options(max_message))
 
     def _add_health(self, server: grpc.Server, services: list[str]) -> None:
         servicer = health.HealthServicer()
@@ -133,16 +135,7 @@ class MetricsServer:
         self._health.append(servicer)
 
     def _bind(self, server: grpc.Server, port: int, setting: str) -> int:
-        address = f"{self.config.host}:{port}"
-        try:
-            bound = server.add_insecure_port(address)
-        except RuntimeError as exc:
-            raise OSError(f"cannot bind {address} for {setting}: {exc}; choose another port "
-                          f"with DAGRL_METRICS_{setting.upper()}") from exc
-        if bound == 0:
-            raise OSError(f"cannot bind {address} for {setting}; choose another port "
-                          f"with DAGRL_METRICS_{setting.upper()}")
-        return bound
+        return bind_port(server, self.config.host, port, f"DAGRL_METRICS_{setting.upper()}")
 
     def _tick(self) -> None:
         while not self._stopped.wait(_SETTLE_TICK_S):

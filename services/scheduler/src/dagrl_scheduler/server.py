@@ -20,6 +20,8 @@ from grpc_reflection.v1alpha import reflection
 from dagrl.errors import UnavailableError
 from dagrl.rpc.auth import BearerTokenInterceptor
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2_grpc
+from dagrl.rpc.limits import SCHEDULER_MAX_MESSAGE_BYTES
+from dagrl.rpc.serving import bind_port, server_options
 from dagrl.telemetry.rpc_tracing import server_interceptors
 from dagrl_scheduler.config import SchedulerConfig
 from dagrl_scheduler.manager import JobManager
@@ -53,19 +55,16 @@ class SchedulerServer:
                                                        TOKEN_HINT))
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.config.max_workers,
                                                         thread_name_prefix="scheduler-rpc"),
-                             interceptors=interceptors)
+                             interceptors=interceptors,
+                             options=server_options(SCHEDULER_MAX_MESSAGE_BYTES))
         scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(
             SchedulerServicer(self.manager), server)
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-        try:
-            self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
-        except RuntimeError as exc:
-            raise UnavailableError(
-                f"cannot listen on {self.config.host}:{self.config.port}: {exc}; pick another "
-                "port (DAGRL_SCHEDULER_PORT) or stop what uses it") from exc
+        self.port = bind_port(server, self.config.host, self.config.port,
+                              "DAGRL_SCHEDULER_PORT or --port")
         server.start()
         for name in ("", SERVICE_NAME):
             self._health.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -16,7 +16,6 @@ Life of a job here:
 
 from __future__ import annotations
 
-import argparse
 import logging
 import pickle
 import signal
@@ -37,6 +36,7 @@ from dagrl import telemetry
 from dagrl.config import to_dict
 from dagrl.jobs import JobState, JobStore
 from dagrl_worker.actors import DAGWorkerActor
+from dagrl_worker.driver_args import parse_args
 from dagrl_worker.metrics import COMPUTE_SECONDS, merge
 from dagrl_worker.spec import WorkerSpec
 from dagrl_worker.tracking import Tracker
@@ -227,14 +227,6 @@ def _short(exc: BaseException) -> str:
 
 
 # ---------------------------------------------------------------------- command line
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="run one dagrl job (launched by the scheduler)")
-    parser.add_argument("--job-id", required=True)
-    parser.add_argument("--redis-url", required=True, help="job store (and databuffer) Redis")
-    parser.add_argument("--ray-address", default=None, help="Ray cluster; default: start one")
-    return parser.parse_args(argv)
-
-
 def spec_from_store(store: JobStore, job_id: str, redis_url: str) -> WorkerSpec:
     record = store.get(job_id)
     spec = WorkerSpec(job_id=job_id, config_yaml=record.config_yaml,
@@ -247,7 +239,7 @@ def spec_from_store(store: JobStore, job_id: str, redis_url: str) -> WorkerSpec:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    args = _parse_args(argv)
+    args = parse_args(argv, prog="python -m dagrl_worker.driver")
     store = JobStore(redis.Redis.from_url(args.redis_url))
     try:
         spec = spec_from_store(store, args.job_id, args.redis_url)

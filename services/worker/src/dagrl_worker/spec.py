@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import yaml
-
-from dagrl.config import JobConfig, load_job_config
+from dagrl.config import JobConfig, load_job_config, parse_yaml_mapping
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.workflow import TaskGraph, load_workflow, parse_workflow
 from dagrl_worker.plan_view import PlanView
@@ -28,7 +26,7 @@ class WorkerSpec:
     checkpoint_dir: str
 
     def job_config(self) -> JobConfig:
-        data = yaml.safe_load(self.config_yaml) or {}
+        data = parse_yaml_mapping(self.config_yaml, f"job {self.job_id} config")
         return load_job_config(data=data, overrides=self.overrides)
 
     def workflow(self) -> TaskGraph:
