@@ -83,19 +83,29 @@ def serve_until_signalled(name: str, server: Servable,
                           announce: Callable[[], str] | None = None) -> int:
     """Run `server` in this process; `announce()` is printed on stdout once it serves."""
     log = logging.getLogger(name)
+    started = False
+    stop_requested = False
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
+        nonlocal stop_requested
         log.info("signal %d: stopping", signum)
-        server.stop()
+        stop_requested = True
+        if started:
+            server.stop()
 
+    # before start (start logs that it listens: a signal right after must stop it cleanly);
+    # a signal during start is acted on once start returns
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     try:
         server.start()
     except (DagrlError, OSError) as exc:
         print(f"{name}: cannot start: {exc}", file=sys.stderr)
         return 1
-    # after start: a stop() before it would be lost (until then, a signal ends the process)
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    started = True
+    if stop_requested:
+        server.stop()
+        return 0
     if announce is not None:
         print(announce(), flush=True)
     server.serve()
