@@ -19,6 +19,7 @@ import yaml
 from safetensors.torch import load_file
 
 from dagrl.batch import Batch
+from dagrl.engines import is_engine_installed
 from dagrl.jobs import JobState
 from dagrl.local import LocalRedis
 from dagrl.workflow import load_workflow
@@ -70,7 +71,8 @@ nodes:
 """
 
 
-def calculator_job(assets: Path, tmp_path: Path, steps: int) -> tuple[dict, Path]:
+def calculator_job(assets: Path, tmp_path: Path, steps: int,
+                   backend: str = "hf") -> tuple[dict, Path]:
     """The calculator example on `assets` with the logged calculator; returns (config, log)."""
     log = tmp_path / "tool_calls.jsonl"  # sampled calls may hold any character
     env_file = tmp_path / "logged_calculator.py"
@@ -80,7 +82,8 @@ def calculator_job(assets: Path, tmp_path: Path, steps: int) -> tuple[dict, Path
     config = job_config(
         assets, "calculator_tool",
         data={"train_batch_size": 8},
-        actor_rollout_ref={"rollout.n": 4, "actor.ppo_mini_batch_size": 8},
+        actor_rollout_ref={"rollout.n": 4, "actor.ppo_mini_batch_size": 8,
+                           "rollout.name": backend},
         trainer={"total_training_steps": steps, "save_freq": steps, "logger": ["console"],
                  "val_before_train": False, "test_freq": -1,
                  "default_local_dir": str(tmp_path)},
@@ -88,10 +91,12 @@ def calculator_job(assets: Path, tmp_path: Path, steps: int) -> tuple[dict, Path
     return config, log
 
 
+@pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=pytest.mark.skipif(
+    not is_engine_installed("vllm"), reason="vllm is not installed"))])
 def test_calculator_episodes_train_on_two_ranks(ray_session: None, tool_assets: Path,
-                                                redis_server: LocalRedis,
-                                                tmp_path: Path) -> None:
-    config, log = calculator_job(tool_assets, tmp_path, STEPS)
+                                                redis_server: LocalRedis, tmp_path: Path,
+                                                backend: str) -> None:
+    config, log = calculator_job(tool_assets, tmp_path, STEPS, backend)
     plan = colocated_plan(load_workflow(config["workflow"]["source"]), world_size=RANKS)
     spec = WorkerSpec(job_id=f"e2e-{tmp_path.name}", config_yaml=yaml.safe_dump(config),
                       workflow_yaml="", overrides=(), plan=plan.SerializeToString(),

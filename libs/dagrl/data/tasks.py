@@ -61,6 +61,8 @@ class ArithTask:
     digits: int = 2
     allow_carry: bool = True
     data_source: str = "arith"
+    # "{a}" and "{b}" are the operands; the default is the bare expression the tiny model reads
+    prompt_format: str = "{a}+{b}="
 
     def __post_init__(self) -> None:
         if self.digits < 1:
@@ -73,7 +75,7 @@ class ArithTask:
             columns = [_carry_free_column(rng) for _ in range(self.digits)]
             a = int("".join(str(top) for top, _ in columns))
             b = int("".join(str(bottom) for _, bottom in columns))
-        return f"{a}+{b}=", str(a + b)
+        return self.prompt_format.format(a=a, b=b), str(a + b)
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,12 @@ class ReverseTask:
         return f"reverse {text}", text[::-1]
 
 
-TASKS: dict[str, Task] = {"arith": ArithTask(), "copy": CopyTask(), "reverse": ReverseTask()}
+# A question a real chat model (SmolLM2-135M-Instruct) reads; scored like "arith": the final
+# number of the response must be the sum.
+ARITH_QUESTION = ArithTask(prompt_format="What is {a} + {b}? Answer with just the number.")
+
+TASKS: dict[str, Task] = {"arith": ArithTask(), "arith_question": ARITH_QUESTION,
+                          "copy": CopyTask(), "reverse": ReverseTask()}
 
 
 def resolve_task(task: str | Task) -> Task:

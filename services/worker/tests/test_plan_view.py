@@ -1,0 +1,35 @@
+"""The plan as the worker reads it: tensor-parallel layouts."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dagrl.errors import InvalidInputError
+from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
+from dagrl.workflow import load_workflow
+from dagrl_worker.plan_view import PlanView
+
+from .test_dag_worker import make_worker
+
+
+def test_tensor_parallel_ranks_share_a_dp_rank() -> None:
+    plan = scheduler_pb2.Plan(world_size=4)
+    plan.layouts.add(node_id="rollout", dp_size=2, tp_size=2, pp_size=1, ranks=[0, 1, 2, 3])
+    plan.layouts.add(node_id="actor_train", dp_size=4, tp_size=1, pp_size=1, ranks=[0, 1, 2, 3])
+    view = PlanView(plan)
+    assert [view.layout("rollout").dp_rank(r) for r in range(4)] == [0, 0, 1, 1]
+    assert view.layout("rollout").dp_size == 2
+    assert [view.layout("actor_train").dp_rank(r) for r in range(4)] == [0, 1, 2, 3]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is CPU-only")
+def test_a_tensor_parallel_node_is_refused_on_cpu(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    worker = make_worker(tiny_checkpoint, tmp_path)
+    plan = scheduler_pb2.Plan(world_size=1)
+    for node in load_workflow("grpo").nodes:
+        plan.layouts.add(node_id=node.node_id, dp_size=1, tp_size=2 if node.node_id == "rollout"
+                         else 1, pp_size=1, ranks=[0])
+    worker.plan = PlanView(plan)
+    with pytest.raises(InvalidInputError, match="'rollout'.*tp_size x pp_size > 1.*on CPU"):
+        worker.init_graph()
