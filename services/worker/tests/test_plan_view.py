@@ -31,5 +31,5 @@ def test_a_tensor_parallel_node_is_refused_on_cpu(tiny_checkpoint: Path, tmp_pat
         plan.layouts.add(node_id=node.node_id, dp_size=1, tp_size=2 if node.node_id == "rollout"
                          else 1, pp_size=1, ranks=[0])
     worker.plan = PlanView(plan)
-    with pytest.raises(InvalidInputError, match="'rollout'.*tp_size x pp_size > 1.*on CPU"):
+    with pytest.raises(InvalidInputError, match=r"'rollout'.*tp_size x pp_size > 1.*on CPU"):
         worker.init_graph()
