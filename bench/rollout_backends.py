@@ -75,7 +75,7 @@ def compare(name: str, model_dir: Path, prompts: Batch, repeats: int) -> float:
     model, tokenizer = load_model_and_tokenizer(model_dir)
     model.eval()
     hf = HFRollout(model, tokenizer)
-    engine = VLLMRollout(str(model_dir), RolloutConfig(name="vllm", max_model_len=512),
+    engine = VLLMRollout(str(model_dir), RolloutConfig(name="vllm", max_model_len=256),
                          "float32", int(tokenizer.pad_token_id), int(tokenizer.eos_token_id))
     threads = torch.get_num_threads()
     with torch.no_grad():

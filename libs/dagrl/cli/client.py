@@ -40,6 +40,9 @@ ADDRESS_ENV = "DAGRL_SCHEDULER_ADDRESS"
 TOKEN_ENV = "DAGRL_SCHEDULER_TOKEN"
 ANNOUNCE_PREFIX = "DAGRL_SCHEDULER_ADDRESS="
 EMBEDDED_START_TIMEOUT_S = 30.0
+# Stopping the embedded scheduler stops its drivers first (each: SIGTERM, up to the cancel
+# grace of 10 s, SIGKILL); it must not be killed while doing so.
+EMBEDDED_STOP_GRACE_S = 60.0
 
 
 # ---- flags shared by the scheduler commands ---------------------------------------------------
@@ -301,23 +304,27 @@ def embedded_scheduler(redis_url: str | None = None, log_dir: str | None = None,
 
     Without `redis_url` it runs plan-only (`--no-redis`: it never touches a job store,
     whatever DAGRL_REDIS_URL says), which is what `dagrl plan` needs; `dagrl run` passes the
-    private Redis it started, so jobs can be submitted. Its log goes to a temporary file
-    that is shown only when it fails to start.
+    private Redis it started, so jobs can be submitted, and the scheduler stops their drivers
+    when it stops (`--stop-drivers-on-exit`). It runs in a session of its own (a Ctrl-C to the
+    terminal reaches only the CLI, which cancels its job through it first) and is stopped by
+    PID. Its log goes to a temporary file that is shown only when it fails to start.
     """
     with tempfile.TemporaryFile(mode="w+") as log:
-        store = ["--redis-url", redis_url] if redis_url else ["--no-redis"]
+        store = (["--redis-url", redis_url, "--stop-drivers-on-exit"] if redis_url
+                 else ["--no-redis"])
         logs = ["--log-dir", log_dir] if log_dir else []
         argv = [sys.executable, "-m", "dagrl_scheduler", "--host", "127.0.0.1", "--port", "0",
                 *store, *logs, "--announce", "--log-level", "WARNING"]
         try:
             process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                       stderr=log, text=True, env={**os.environ, **(env or {})})
+                                       stderr=log, text=True, env={**os.environ, **(env or {})},
+                                       start_new_session=True)
         except OSError as exc:
             raise UnavailableError(f"cannot start an embedded scheduler: {exc}") from exc
         try:
             yield _read_announcement(process, log)
         finally:
-            stop_process(process)
+            stop_process(process, grace_s=EMBEDDED_STOP_GRACE_S)
             if process.stdout is not None:
                 process.stdout.close()
 

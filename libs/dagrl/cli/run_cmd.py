@@ -4,7 +4,16 @@ It starts what the job needs as local processes — a private redis-server on a 
 (the job store and the databuffer), the scheduler service on a free loopback port — and
 submits the job exactly as `dagrl submit` would, so the scheduler plans it and launches
 the same job driver (which starts a local Ray). It streams progress as a bar, prints the
-final metrics, and stops what it started. Ctrl-C cancels the job first.
+final metrics, and stops what it started.
+
+Whatever ends it — Ctrl-C, SIGTERM (`timeout`, a batch scheduler's cancel), SIGHUP (a dropped
+ssh session) — it cancels the job, waits until the job has stopped, stops what it started and
+exits with 128 + the signal's number and a line saying so (`dagrl.cli.signals`). The services
+it starts run in sessions of their own, so a Ctrl-C in the terminal (SIGINT to the whole
+foreground process group) reaches only this process, not Redis, the metrics service or the
+scheduler it still needs to cancel the job; they are stopped by PID afterwards. The embedded
+scheduler stops the drivers it started when it stops (`--stop-drivers-on-exit`), so a
+`dagrl run` that ends on an error leaves no job running either.
 
 With `--scheduler HOST:PORT` nothing is started: it is `dagrl submit --watch`.
 """
@@ -31,8 +40,9 @@ from dagrl.cli.client import (
     cluster_from_args,
     embedded_scheduler,
 )
+from dagrl.cli.signals import SignalLatch, StopRequested, ending_signals, say
 from dagrl.engines import require_engine
-from dagrl.errors import UnavailableError
+from dagrl.errors import FailedPreconditionError, UnavailableError
 from dagrl.local import LocalRedis, stop_process
 from dagrl.local.redis_server import free_port
 from dagrl.rpc.gen.common.v1 import common_pb2
@@ -69,37 +79,80 @@ def run(args: argparse.Namespace) -> int:
     spec = build_job_spec(args.file, args.overrides)
     validate_job(spec)  # before any service starts
     require_engine(load_config(spec).actor_rollout_ref.rollout.name)  # the workers run here
-    with _services(args) as (address, extra_overrides), SchedulerClient(address) as client:
-        spec = build_job_spec(args.file, [*args.overrides, *extra_overrides])
-        job = client.submit(spec, cluster_from_args(args, spec))
+    with ending_signals() as signals:
         try:
-            final = _follow(client, job, quiet=args.quiet)
-        except KeyboardInterrupt:
-            print(f"\ncancelling {job.job_id} ...", file=sys.stderr)
-            final = client.cancel(job.job_id)
+            final, stop = _run_job(args, signals)
+        except StopRequested as early:
+            say(f"dagrl run: {early} before the job was submitted; stopped what it had started")
+            return early.exit_code
     _report(final, args.summary_json)
+    if stop is not None:
+        state = common_pb2.JobState.Name(final.state).removeprefix("JOB_STATE_")
+        say(f"dagrl run: {stop}: cancelled job {final.job_id} ({state}) and stopped the "
+            "services it had started")
+        return stop.exit_code
     return 0 if final.state == common_pb2.JOB_STATE_SUCCEEDED else 1
 
 
+def _run_job(args: argparse.Namespace,
+             signals: SignalLatch) -> tuple[scheduler_pb2.Job, StopRequested | None]:
+    """Start the services, submit, follow the job to its end; on a signal, cancel it (the
+    cancel returns once its driver has stopped). Returns the job as it ended and the signal."""
+    with _services(args, signals) as (address, extra_overrides), \
+            SchedulerClient(address) as client:
+        spec = build_job_spec(args.file, [*args.overrides, *extra_overrides])
+        with signals.deferred():  # a job submitted is a job whose id we know
+            job = client.submit(spec, cluster_from_args(args, spec))
+        try:
+            return _follow(client, job, quiet=args.quiet), None
+        except StopRequested as stop:
+            say(f"\n{stop}: cancelling {job.job_id} and waiting for it to stop ...")
+            return _cancel(client, job.job_id), stop
+
+
+def _cancel(client: SchedulerClient, job_id: str) -> scheduler_pb2.Job:
+    """Cancel the job; the call returns once its driver has stopped. A job that ended
+    meanwhile is returned as it ended."""
+    try:
+        return client.cancel(job_id)
+    except FailedPreconditionError:  # it ended before the cancel reached it
+        return client.get(job_id)
+
+
 @contextlib.contextmanager
-def _services(args: argparse.Namespace) -> Iterator[tuple[str, list[str]]]:
-    """The scheduler's address and the overrides that point the job at the local services."""
+def _services(args: argparse.Namespace,
+              signals: SignalLatch) -> Iterator[tuple[str, list[str]]]:
+    """The scheduler's address and the overrides that point the job at the local services.
+    Once the block ends, signals no longer interrupt: the services are always stopped."""
     if args.scheduler:
-        yield args.scheduler, []
+        try:
+            yield args.scheduler, []
+        finally:
+            signals.quiet()
         return
     with contextlib.ExitStack() as stack:
-        redis_url = args.redis_url or stack.enter_context(LocalRedis()).url
-        log_dir = Path(args.log_dir).resolve()
-        log_dir.mkdir(parents=True, exist_ok=True)
-        overrides = [f"services.redis_url={redis_url}"]
-        env = {}
-        if not args.no_tracing:
-            endpoint, page = stack.enter_context(_embedded_metrics(log_dir))
-            overrides.append(f"services.metrics_endpoint={endpoint}")
-            env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://{endpoint}"  # the scheduler's spans
-            print(f"dashboard: {page} (while the job runs)", file=sys.stderr)
-        address = stack.enter_context(embedded_scheduler(redis_url, str(log_dir), env))
-        yield address, overrides
+        try:
+            yield _start_services(args, stack)
+        finally:
+            signals.quiet()  # before the stack stops anything
+
+
+def _start_services(args: argparse.Namespace,
+                    stack: contextlib.ExitStack) -> tuple[str, list[str]]:
+    """Redis (unless --redis-url), the metrics service (unless --no-tracing) and the
+    scheduler, each stopped by `stack`."""
+    redis_url = args.redis_url or stack.enter_context(LocalRedis()).url
+    log_dir = Path(args.log_dir).resolve()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    overrides = [f"services.redis_url={redis_url}"]
+    env = {}
+    if not args.no_tracing:
+        endpoint, page = stack.enter_context(_embedded_metrics(log_dir))
+        overrides.append(f"services.metrics_endpoint={endpoint}")
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://{endpoint}"  # the scheduler's spans
+        say(f"dashboard: {page} (while the job runs)")
+    address = stack.enter_context(embedded_scheduler(redis_url, str(log_dir), env))
+    return address, overrides
 
 
 @contextlib.contextmanager
@@ -107,9 +160,10 @@ def _embedded_metrics(log_dir: Path) -> Iterator[tuple[str, str]]:
     """A private metrics service on free loopback ports; yields (OTLP endpoint, page URL)."""
     ports = {name: free_port() for name in ("OTLP", "QUERY", "HTTP")}
     env = {**os.environ, **{f"DAGRL_METRICS_{k}_PORT": str(v) for k, v in ports.items()}}
-    with (log_dir / "metrics-service.log").open("ab") as log:
+    with (log_dir / "metrics-service.log").open("ab") as log:  # own session: see module doc
         process = subprocess.Popen([sys.executable, "-m", "dagrl_metrics"], env=env,
-                                   stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+                                   stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                   start_new_session=True)
     try:
         deadline = time.monotonic() + _SERVICE_START_TIMEOUT_S
         while not _accepts("127.0.0.1", ports["OTLP"]):
@@ -134,19 +188,22 @@ def _follow(client: SchedulerClient, job: scheduler_pb2.Job, quiet: bool) -> sch
     """Watch the job to its end, showing a progress bar of its steps."""
     bar = None
     last = job
-    for last in client.watch(job.job_id):
-        progress = last.progress
-        if progress.total_steps and bar is None and not quiet:
-            bar = tqdm(total=progress.total_steps, desc=job.job_id, unit="step",
-                       file=sys.stderr, dynamic_ncols=True)
-        if bar is not None and progress.step > bar.n:
-            bar.update(progress.step - bar.n)
-            shown = progress_fields(dict(progress.metrics))
-            bar.set_postfix(shown, refresh=True)
-        if last.state in _FINAL:
-            break
-    if bar is not None:
-        bar.close()
+    try:
+        for last in client.watch(job.job_id):
+            progress = last.progress
+            if progress.total_steps and bar is None and not quiet:
+                bar = tqdm(total=progress.total_steps, desc=job.job_id, unit="step",
+                           file=sys.stderr, dynamic_ncols=True)
+            if bar is not None and progress.step > bar.n:
+                bar.update(progress.step - bar.n)
+                shown = progress_fields(dict(progress.metrics))
+                bar.set_postfix(shown, refresh=True)
+            if last.state in _FINAL:
+                break
+    finally:
+        if bar is not None:
+            with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
+                bar.close()
     return client.get(job.job_id) if last.state in _FINAL else last
 
 
@@ -164,15 +221,17 @@ def progress_fields(metrics: dict[str, float]) -> dict[str, str]:
 
 
 def _report(job: scheduler_pb2.Job, summary_path: str | None) -> None:
+    """The summary file first, then the lines on stdout (which may be gone after SIGHUP)."""
     state = common_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_")
-    print(f"job {job.job_id}: {state}" + (f" ({job.failure_reason})"
-                                           if job.failure_reason else ""))
-    if job.driver_log:
-        print(f"driver log: {job.driver_log}")
     metrics = dict(job.progress.metrics)
-    for name in sorted(metrics):
-        print(f"  {name} = {metrics[name]:.6g}")
     if summary_path:
         Path(summary_path).write_text(json.dumps(
             {"job_id": job.job_id, "state": state, "failure_reason": job.failure_reason,
              "step": job.progress.step, "metrics": metrics}, indent=2))
+    lines = [f"job {job.job_id}: {state}"
+             + (f" ({job.failure_reason})" if job.failure_reason else "")]
+    if job.driver_log:
+        lines.append(f"driver log: {job.driver_log}")
+    lines += [f"  {name} = {metrics[name]:.6g}" for name in sorted(metrics)]
+    with contextlib.suppress(OSError):
+        print("\n".join(lines), flush=True)

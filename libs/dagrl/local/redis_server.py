@@ -98,8 +98,11 @@ class LocalRedis:
                 "--appendonly", "no", "--daemonize", "no", "--dir", str(workdir),
                 "--maxmemory", str(self.maxmemory_bytes),
                 "--maxmemory-policy", "noeviction", "--logfile", str(log_path)]
+        # its own session: a Ctrl-C to the terminal's process group must not stop it under the
+        # process that still needs it (`dagrl run` cancels its job first); stop() ends it by PID
         self._process = subprocess.Popen(args, stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                         start_new_session=True)
         deadline = time.monotonic() + self._start_timeout_s
         while time.monotonic() < deadline:
             if self._process.poll() is not None:

@@ -1,8 +1,12 @@
 """dagrl errors <-> gRPC status codes, in exactly one place.
 
-Servers call `abort_with(context, exc)` (or `status_code_for(exc)`) when a DagrlError
+Servers call `abort_with(context, exc)` (or `status_code_for(exc)`) when an exception
 escapes a handler; clients call `error_from_rpc(rpc_error)` to get the matching dagrl
 error class back, with the server's message, so a CLI prints the same text either way.
+
+A few failures of a dependency are not bugs and must not come back as INTERNAL: a lost Redis
+connection is UNAVAILABLE with the cause and what to do (`as_dagrl_error`). Anything else
+that is not a DagrlError is INTERNAL.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 from typing import NoReturn
 
 import grpc
+import redis
 
 from dagrl.errors import (
     DagrlError,
@@ -32,8 +37,21 @@ _CATEGORY_CODES: tuple[tuple[type[DagrlError], grpc.StatusCode], ...] = (
 )
 
 
+def as_dagrl_error(exc: BaseException) -> BaseException:
+    """The DagrlError a known dependency failure stands for; any other exception unchanged."""
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+        cause = str(exc).strip().rstrip(".") or type(exc).__name__
+        return UnavailableError(
+            f"lost the connection to Redis ({cause}): the Redis server stopped or cannot be "
+            "reached; check that it is running and that the service's Redis URL points at it, "
+            "then retry (a `dagrl run` whose private Redis died must be started again)")
+    return exc
+
+
 def status_code_for(exc: BaseException) -> grpc.StatusCode:
-    """The status code for an exception; INTERNAL for anything that is not a DagrlError."""
+    """The status code for an exception; INTERNAL for anything that is not a DagrlError
+    (after `as_dagrl_error`)."""
+    exc = as_dagrl_error(exc)
     for category, code in _CATEGORY_CODES:
         if isinstance(exc, category):
             return code
@@ -42,6 +60,7 @@ def status_code_for(exc: BaseException) -> grpc.StatusCode:
 
 def abort_with(context: grpc.ServicerContext, exc: BaseException) -> NoReturn:
     """End the RPC with the status for `exc` and its message (details say what to change)."""
+    exc = as_dagrl_error(exc)
     context.abort(status_code_for(exc), str(exc))
     raise AssertionError("grpc context.abort returned")  # abort always raises
 

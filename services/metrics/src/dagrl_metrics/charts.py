@@ -1,16 +1,20 @@
 """Server-side SVG: the per-rank step waterfall and line charts. No JavaScript, no network.
 
-Every element carries an id or class the browser test (and a curious user) can find:
-`svg#waterfall` with one `g.lane[data-rank]` per rank and `rect.node[data-node]` bars,
-and `svg#curve-<name>` charts with a `polyline.curve`.
+This module computes the geometry; `templates/waterfall.svg` and `templates/line_chart.svg`
+draw it, escaping every name (`dagrl_metrics.templates`). Every element carries an id or class
+the browser test (and a curious user) can find: `svg#waterfall` with one `g.lane[data-rank]`
+per rank and `rect.node[data-node]` bars, and `svg#curve-<name>` charts with a `polyline.curve`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from html import escape
+from typing import Any
+
+from markupsafe import Markup
 
 from dagrl.rpc.gen.metrics.v1 import metrics_pb2
+from dagrl_metrics.templates import render
 
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
            "#ff9da7", "#9c755f", "#bab0ac")
@@ -24,58 +28,45 @@ def node_colors(summary: metrics_pb2.StepSummary) -> dict[str, str]:
     return {n.node_id: PALETTE[i % len(PALETTE)] for i, n in enumerate(summary.nodes)}
 
 
-def waterfall_svg(summary: metrics_pb2.StepSummary) -> str:
+def waterfall_svg(summary: metrics_pb2.StepSummary) -> Markup:
     """Each rank a lane; each node a bar at its start offset; phases as a strip inside;
     critical-path nodes outlined."""
     ranks = sorted({r.rank for n in summary.nodes for r in n.ranks}
                    | {r.rank for r in summary.rank_steps})
     t0, span_ns = _time_window(summary)
-    plot_w = _WIDTH - _LABEL_W - 10
-    height = _AXIS_H + _LANE_H * max(1, len(ranks)) + 10
-    scale = plot_w / span_ns
+    scale = (_WIDTH - _LABEL_W - 10) / span_ns
     colors = node_colors(summary)
-    parts = [f'<svg id="waterfall" xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" '
-             f'height="{height}" data-step="{summary.step}" role="img" '
-             f'aria-label="step {summary.step} latency waterfall per rank">']
-    parts.extend(_time_axis(span_ns, scale))
+    lanes = []
     for lane, rank in enumerate(ranks):
-        y = _AXIS_H + lane * _LANE_H
-        parts.append(f'<g class="lane" data-rank="{rank}">'
-                     f'<text x="4" y="{y + 18}" font-size="12">rank {rank}</text>')
-        for rank_step in summary.rank_steps:
-            if rank_step.rank == rank:
-                x = _LABEL_W + (rank_step.start_unix_ns - t0) * scale
-                w = max(1.0, rank_step.duration_s * 1e9 * scale)
-                parts.append(f'<rect class="rank-step" x="{x:.1f}" y="{y + 2}" width="{w:.1f}" '
-                             f'height="{_LANE_H - 4}" fill="#eeeeee"/>')
-        for node in summary.nodes:
-            for timing in node.ranks:
-                if timing.rank == rank:
-                    parts.extend(_node_bar(node, timing, t0, scale, y, colors[node.node_id]))
-        parts.append("</g>")
-    parts.append("</svg>")
-    return "".join(parts)
+        rank_steps = [_box(r.start_unix_ns, r.duration_s, t0, scale)
+                      for r in summary.rank_steps if r.rank == rank]
+        bars = [_node_bar(node, timing, t0, scale, colors[node.node_id])
+                for node in summary.nodes for timing in node.ranks if timing.rank == rank]
+        lanes.append({"rank": rank, "y": _AXIS_H + lane * _LANE_H, "rank_steps": rank_steps,
+                      "bars": bars})
+    height = _AXIS_H + _LANE_H * max(1, len(ranks)) + 10
+    return render("waterfall.svg", width=_WIDTH, height=height, step=summary.step,
+                  axis_h=_AXIS_H, lane_h=_LANE_H, ticks=_time_ticks(span_ns, scale),
+                  lanes=lanes)
+
+
+def _box(start_ns: int, duration_s: float, t0: int, scale: float) -> dict[str, str]:
+    """x and width of a bar that starts at `start_ns` and lasts `duration_s`."""
+    x = _LABEL_W + (start_ns - t0) * scale
+    return {"x": f"{x:.1f}", "w": f"{max(1.0, duration_s * 1e9 * scale):.1f}"}
 
 
 def _node_bar(node: metrics_pb2.NodeTiming, timing: metrics_pb2.RankTiming, t0: int,
-              scale: float, y: int, color: str) -> list[str]:
-    x = _LABEL_W + (timing.start_unix_ns - t0) * scale
-    w = max(1.0, timing.duration_s * 1e9 * scale)
-    stroke = ' stroke="#000000" stroke-width="2"' if node.on_critical_path else ""
+              scale: float, color: str) -> dict[str, Any]:
     tip = f"rank {timing.rank} · {node.node_id} · {timing.duration_s:.3f} s"
     if timing.rank == node.straggler_rank and len(node.ranks) > 1:
         tip += f" · straggler (+{node.straggler_lag_s:.3f} s)"
-    parts = [f'<rect class="node" data-node="{escape(node.node_id)}" data-rank="{timing.rank}" '
-             f'x="{x:.1f}" y="{y + 4}" width="{w:.1f}" height="{_LANE_H - 8}" fill="{color}"'
-             f'{stroke}><title>{escape(tip)}</title></rect>']
-    for phase in timing.phases:
-        px = _LABEL_W + (phase.start_unix_ns - t0) * scale
-        pw = max(1.0, phase.duration_s * 1e9 * scale)
-        ptip = f"rank {timing.rank} · {node.node_id} / {phase.name} · {phase.duration_s:.3f} s"
-        parts.append(f'<rect class="phase" data-phase="{escape(phase.name)}" x="{px:.1f}" '
-                     f'y="{y + _LANE_H - 10}" width="{pw:.1f}" height="5" fill="#333333" '
-                     f'fill-opacity="0.55"><title>{escape(ptip)}</title></rect>')
-    return parts
+    phases = [{**_box(phase.start_unix_ns, phase.duration_s, t0, scale), "name": phase.name,
+               "tip": f"rank {timing.rank} · {node.node_id} / {phase.name} · "
+                      f"{phase.duration_s:.3f} s"}
+              for phase in timing.phases]
+    return {**_box(timing.start_unix_ns, timing.duration_s, t0, scale), "node_id": node.node_id,
+            "color": color, "critical": node.on_critical_path, "tip": tip, "phases": phases}
 
 
 def _time_window(summary: metrics_pb2.StepSummary) -> tuple[int, float]:
@@ -90,33 +81,25 @@ def _time_window(summary: metrics_pb2.StepSummary) -> tuple[int, float]:
     return t0, float(max(1, end - t0))
 
 
-def _time_axis(span_ns: float, scale: float) -> list[str]:
+def _time_ticks(span_ns: float, scale: float) -> list[dict[str, str]]:
     span_s = span_ns / 1e9
     step = _nice_step(span_s / 6)
-    parts = ['<g class="axis">']
+    ticks = []
     tick = 0.0
     while tick <= span_s + 1e-12:
-        x = _LABEL_W + tick * 1e9 * scale
-        parts.append(f'<line x1="{x:.1f}" y1="{_AXIS_H - 4}" x2="{x:.1f}" y2="{_AXIS_H}" '
-                     f'stroke="#999"/><text x="{x:.1f}" y="{_AXIS_H - 8}" font-size="10" '
-                     f'text-anchor="middle">{_format_seconds(tick)}</text>')
+        ticks.append({"x": f"{_LABEL_W + tick * 1e9 * scale:.1f}", "label": _format_seconds(tick)})
         tick += step
-    parts.append("</g>")
-    return parts
+    return ticks
 
 
 def line_chart_svg(chart_id: str, title: str, points: Sequence[tuple[float, float]],
-                   unit: str = "") -> str:
+                   unit: str = "") -> Markup:
     """A small line chart of (step, value) points, min and max labelled."""
     width, height, pad = 300, 160, 34
-    parts = [f'<svg id="curve-{escape(chart_id)}" class="chart" '
-             f'xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'role="img" aria-label="{escape(title)}">'
-             f'<text x="{pad}" y="14" font-size="12" font-weight="bold">{escape(title)}</text>']
+    frame = {"chart_id": chart_id, "title": title, "unit": unit, "width": width,
+             "height": height, "pad": pad}
     if not points:
-        parts.append(f'<text class="empty" x="{pad}" y="{height // 2}" font-size="11" '
-                     'fill="#777">nothing reported yet</text></svg>')
-        return "".join(parts)
+        return render("line_chart.svg", points=[], **frame)
     xs, ys = [p[0] for p in points], [p[1] for p in points]
     x_lo, x_hi = min(xs), max(xs) if max(xs) > min(xs) else min(xs) + 1
     y_lo, y_hi = min(ys), max(ys)
@@ -124,27 +107,15 @@ def line_chart_svg(chart_id: str, title: str, points: Sequence[tuple[float, floa
         pad_y = abs(y_lo) * 0.1 or 1.0
         y_lo, y_hi = y_lo - pad_y, y_hi + pad_y
 
-    def at(x: float, y: float) -> str:
+    def at(x: float, y: float) -> tuple[str, str]:
         px = pad + (x - x_lo) / (x_hi - x_lo) * (width - pad - 10)
         py = height - 22 - (y - y_lo) / (y_hi - y_lo) * (height - 22 - 24)
-        return f"{px:.1f},{py:.1f}"
+        return f"{px:.1f}", f"{py:.1f}"
 
-    coords = " ".join(at(x, y) for x, y in points)
-    parts.append(f'<line x1="{pad}" y1="{height - 22}" x2="{width - 10}" y2="{height - 22}" '
-                 f'stroke="#999"/><line x1="{pad}" y1="24" x2="{pad}" y2="{height - 22}" '
-                 'stroke="#999"/>')
-    parts.append(f'<text x="2" y="30" font-size="10">{_format_value(y_hi)}{unit}</text>'
-                 f'<text x="2" y="{height - 24}" font-size="10">{_format_value(y_lo)}{unit}</text>'
-                 f'<text x="{pad}" y="{height - 8}" font-size="10">step {x_lo:g}</text>'
-                 f'<text x="{width - 10}" y="{height - 8}" font-size="10" text-anchor="end">'
-                 f'step {x_hi:g}</text>')
-    parts.append(f'<polyline class="curve" fill="none" stroke="#4e79a7" stroke-width="2" '
-                 f'points="{coords}"/>')
-    parts.extend(f'<circle cx="{at(x, y).split(",")[0]}" cy="{at(x, y).split(",")[1]}" r="2.5" '
-                 f'fill="#4e79a7"><title>step {x:g}: {_format_value(y)}{unit}</title></circle>'
-                 for x, y in points)
-    parts.append("</svg>")
-    return "".join(parts)
+    drawn = [{"cx": cx, "cy": cy, "xy": f"{cx},{cy}", "step": f"{x:g}",
+              "value": _format_value(y)} for x, y in points for cx, cy in [at(x, y)]]
+    return render("line_chart.svg", points=drawn, y_hi=_format_value(y_hi),
+                  y_lo=_format_value(y_lo), x_lo=f"{x_lo:g}", x_hi=f"{x_hi:g}", **frame)
 
 
 def _nice_step(raw: float) -> float:

@@ -11,6 +11,8 @@
 | DAGRL_METRICS_MAX_JOBS            | max_jobs            | 64          |
 | DAGRL_METRICS_MAX_STEPS_PER_JOB   | max_steps_per_job   | 5000        |
 | DAGRL_METRICS_STEP_SETTLE_S       | step_settle_s       | 3.0         |
+| DAGRL_METRICS_GRPC_WORKERS        | grpc_workers        | 16          |
+| DAGRL_METRICS_MAX_STREAMS         | max_streams         | 64          |
 
 Port 0 picks a free port (tests); the bound ports are on `MetricsServer`.
 """
@@ -40,7 +42,8 @@ class MetricsConfig:
     max_steps_per_job: int = 5000  # step summaries held per job; oldest dropped first
     step_settle_s: float = 3.0  # after the last span of a step: wait this long for late ranks
     keep_span_steps: int = 8  # newest steps per job whose raw spans are kept for late spans
-    grpc_workers: int = 16  # threads per gRPC server (each WatchSteps stream holds one)
+    grpc_workers: int = 16  # threads per gRPC server for unary calls (OTLP export, queries)
+    max_streams: int = 64  # concurrent WatchSteps streams, each with a thread of its own
 
     def __post_init__(self) -> None:
         problems = []
@@ -48,7 +51,8 @@ class MetricsConfig:
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 problems.append(f"{name}={port}: a port is 0..65535 (0 picks a free one)")
-        for name in ("max_jobs", "max_steps_per_job", "keep_span_steps", "grpc_workers"):
+        for name in ("max_jobs", "max_steps_per_job", "keep_span_steps", "grpc_workers",
+                     "max_streams"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)}: must be >= 1")
         if self.step_settle_s <= 0:

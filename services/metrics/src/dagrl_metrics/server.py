@@ -6,7 +6,9 @@
 
 `start()` binds everything (port 0: a free port, see the `*_port` attributes after start),
 `serve()` blocks until `stop()`; `stop()` is idempotent. Both gRPC servers register the
-standard health service, so compose and tests can wait for readiness.
+standard health service, so compose and tests can wait for readiness. The query server's pool
+has a thread per WatchSteps slot on top of `grpc_workers` (`dagrl.rpc.streams`): idle watchers
+never starve GetStepSummary or ListSteps.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
 from dagrl.rpc.gen.metrics.v1 import metrics_pb2, metrics_pb2_grpc
 from dagrl.rpc.serving import bind_port, listen_error, server_options
+from dagrl.rpc.streams import StreamSlots
 from dagrl_metrics.config import MetricsConfig
 from dagrl_metrics.forward import TraceForwarder
 from dagrl_metrics.otlp import MetricsReceiver, TraceReceiver
@@ -117,15 +120,17 @@ class MetricsServer:
         return server, self._bind(server, self.config.otlp_port, "otlp_port")
 
     def _query_server(self) -> tuple[grpc.Server, int]:
-        server = self._grpc_server()
+        streams = StreamSlots(self.config.max_streams, "DAGRL_METRICS_MAX_STREAMS")
+        server = self._grpc_server(threads=streams.pool_size(self.config.grpc_workers))
         metrics_pb2_grpc.add_MetricsQueryServiceServicer_to_server(
-            MetricsQueryServicer(self.store), server)
+            MetricsQueryServicer(self.store, streams), server)
         self._add_health(server, [_QUERY_SERVICE])
         return server, self._bind(server, self.config.query_port, "query_port")
 
-    def _grpc_server(self, max_message: int | None = None) -> grpc.Server:
-        return grpc.server(futures.ThreadPoolExecutor(max_workers=self.config.grpc_workers),
-                           options=server_options(max_message))
+    def _grpc_server(self, max_message: int | None = None,
+                     threads: int | None = None) -> grpc.Server:
+        pool = futures.ThreadPoolExecutor(max_workers=threads or self.config.grpc_workers)
+        return grpc.server(pool, options=server_options(max_message))
 
     def _add_health(self, server: grpc.Server, services: list[str]) -> None:
         servicer = health.HealthServicer()

@@ -151,8 +151,10 @@ class StepStore:
             raise BadQueryError("job_id is empty: name the job (see `dagrl status`)")
         job = self._jobs.get(job_id)
         if job is None or not job.steps:
-            known = ", ".join(sorted(self._jobs)[:10]) or "none yet"
-            raise StepNotFoundError(f"no spans received for job {job_id!r} (jobs: {known})")
+            # the other jobs' ids are not listed: an error is no way to enumerate them
+            raise StepNotFoundError(
+                f"no spans received for job {job_id!r}: check the id (`dagrl status`); a job "
+                "appears once its first span arrives")
         return job
 
     def _add_span(self, record: SpanRecord, step_no: int, now: float) -> None:

@@ -5,6 +5,12 @@
     /api/jobs/<job>/steps  every step summary as JSON (proto JSON mapping)
     /metrics               Prometheus text exposition
     /healthz               200 "ok"
+
+Every response says `X-Content-Type-Options: nosniff`, and pages carry a Content-Security-Policy
+that allows no script at all (the pages have none): with the templates' escaping, a hostile
+span attribute cannot run code in a reader's browser. A job id is one path segment, quoted
+(`%2F` for `/`), unquoted after the path is split. Errors are plain text naming only what was
+asked for.
 """
 
 from __future__ import annotations
@@ -26,6 +32,13 @@ from dagrl_metrics.prometheus import exposition
 from dagrl_metrics.store import StepStore
 
 log = logging.getLogger(__name__)
+
+_SECURITY_HEADERS = (
+    ("X-Content-Type-Options", "nosniff"),
+    ("Content-Security-Policy",
+     "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; frame-ancestors 'none'"),
+    ("Referrer-Policy", "no-referrer"),
+)
 
 
 class DashboardServer:
@@ -80,9 +93,10 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._send(HTTPStatus.NOT_FOUND, "text/plain", b"no such page\n")
         except NotFoundError as exc:
-            self._send(HTTPStatus.NOT_FOUND, "text/plain", f"{exc}\n".encode())
+            self._send(HTTPStatus.NOT_FOUND, "text/plain; charset=utf-8", f"{exc}\n".encode())
         except DagrlError as exc:
-            self._send(HTTPStatus.BAD_REQUEST, "text/plain", f"{exc}\n".encode())
+            self._send(HTTPStatus.BAD_REQUEST, "text/plain; charset=utf-8",
+                       f"{exc}\n".encode())
 
     def _job_page(self, job_id: str, step_text: str | None) -> None:
         try:
@@ -101,6 +115,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
+        for name, value in _SECURITY_HEADERS:
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(body)
 

@@ -2,7 +2,8 @@
 
 Settings come from the environment (see config.py), then these flags. `--announce` prints one
 line `DAGRL_SCHEDULER_ADDRESS=host:port` on stdout once serving (the CLI's embedded scheduler
-reads it to learn the port it got with `--port 0`). SIGTERM and SIGINT stop it cleanly.
+reads it to learn the port it got with `--port 0`). SIGTERM and SIGINT stop it cleanly;
+with `--stop-drivers-on-exit` (the embedded scheduler of `dagrl run`) they stop its jobs too.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-redis", action="store_true",
                         help="plan only: ignore DAGRL_REDIS_URL and never touch a job store")
     parser.add_argument("--log-dir", help="folder of the per-job driver logs")
+    parser.add_argument("--stop-drivers-on-exit", action="store_true",
+                        help="when stopping, stop the job drivers this process started "
+                             "(default: they keep running and a restart re-adopts them)")
     parser.add_argument("--announce", action="store_true",
                         help="print DAGRL_SCHEDULER_ADDRESS=host:port on stdout when serving")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
@@ -43,7 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = SchedulerConfig.from_env(host=args.host, port=args.port,
-                                          redis_url=args.redis_url, log_dir=args.log_dir)
+                                          redis_url=args.redis_url, log_dir=args.log_dir,
+                                          stop_drivers_on_exit=args.stop_drivers_on_exit or None)
         if args.no_redis:
             config = _without_redis(config)
         log.info("settings: %s", config.describe())

@@ -8,9 +8,14 @@
     DAGRL_SCHEDULER_LOG_DIR         <tmp>/dagrl-scheduler/logs   one driver log per job
     DAGRL_SCHEDULER_DRIVER_COMMAND  python -m dagrl_worker.driver   the driver to launch
     DAGRL_SCHEDULER_CANCEL_GRACE_S  10            SIGTERM -> SIGKILL wait when cancelling
-    DAGRL_SCHEDULER_MAX_WORKERS     32            gRPC handler threads (each WatchJob holds one)
+    DAGRL_SCHEDULER_MAX_WORKERS     16            gRPC threads for unary RPCs (Submit, Get, ...)
+    DAGRL_SCHEDULER_MAX_STREAMS     64            open WatchJob streams (more: RESOURCE_EXHAUSTED)
 
-The driver command gets `--job-id JOB --redis-url URL [--ray-address ADDR]` appended.
+The driver command gets `--job-id JOB --redis-url URL [--ray-address ADDR]` appended. Each
+WatchJob stream holds a thread of its own, on top of the MAX_WORKERS threads of unary calls
+(`dagrl.rpc.streams`), so idle watchers never starve the API. `stop_drivers_on_exit` (flag
+`--stop-drivers-on-exit`, set by `dagrl run`'s embedded scheduler) stops the drivers this
+process started when it stops; otherwise they outlive it and a restart re-adopts them.
 """
 
 from __future__ import annotations
@@ -44,7 +49,9 @@ class SchedulerConfig:
     log_dir: str = field(default_factory=default_log_dir)
     driver_command: tuple[str, ...] = DEFAULT_DRIVER_COMMAND
     cancel_grace_s: float = 10.0
-    max_workers: int = 32
+    max_workers: int = 16  # threads for unary RPCs
+    max_streams: int = 64  # concurrent WatchJob streams, each with a thread of its own
+    stop_drivers_on_exit: bool = False  # stop() stops the drivers this process started
     adopted_poll_s: float = 1.0  # how often a re-adopted driver (not our child) is checked
 
     def __post_init__(self) -> None:
@@ -61,6 +68,8 @@ class SchedulerConfig:
             problems.append(f"cancel_grace_s {self.cancel_grace_s} must be >= 0")
         if self.max_workers < 2:
             problems.append(f"max_workers {self.max_workers} must be >= 2")
+        if self.max_streams < 1:
+            problems.append(f"max_streams {self.max_streams} must be >= 1")
         if self.token is not None and not self.token.strip():
             problems.append("token is set but empty: unset it or give a real token")
         if problems:
@@ -84,6 +93,7 @@ class SchedulerConfig:
             "port": ("DAGRL_SCHEDULER_PORT", int),
             "cancel_grace_s": ("DAGRL_SCHEDULER_CANCEL_GRACE_S", float),
             "max_workers": ("DAGRL_SCHEDULER_MAX_WORKERS", int),
+            "max_streams": ("DAGRL_SCHEDULER_MAX_STREAMS", int),
         }
         for name, (var, kind) in numbers.items():
             if env.get(var):

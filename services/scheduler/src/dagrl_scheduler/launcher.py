@@ -5,6 +5,13 @@ session (process group), with `--job-id JOB --redis-url URL [--ray-address ADDR]
 stdout and stderr go to `<log_dir>/<job_id>.log`. Cancelling sends SIGTERM to the driver, then
 SIGKILL to its whole process group after a grace period, so nothing it started outlives it.
 
+Without a Ray address the driver starts a private Ray on this host. Its environment then keeps
+that Ray and the ranks' gloo sockets on loopback (`local_ray_env`): Ray binds every one of its
+servers (GCS, raylet, agents, each worker's and the driver's gRPC server) on its node IP, which
+is 127.0.0.1 exactly when `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` (Ray's own single-machine mode,
+the default on macOS and Windows). With a Ray address the driver joins that cluster, which
+needs the node's routable address, so nothing is changed.
+
 A driver outlives the scheduler that started it. A restarted scheduler re-adopts a driver when
 the process with the recorded PID is alive on this host and its command line names the job
 (so a recycled PID is not mistaken for it); it then polls the PID instead of waiting on it.
@@ -18,12 +25,15 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from dagrl.errors import UnavailableError
 
 LOG_TAIL_LINES = 20
+# A private Ray and gloo on loopback only; a variable the user set explicitly is kept.
+LOCAL_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+LOOPBACK_INTERFACE = "lo"
 
 
 class DriverLaunchError(UnavailableError):
@@ -42,13 +52,29 @@ def driver_argv(command: Sequence[str], job_id: str, redis_url: str,
     return argv
 
 
-def start_driver(argv: Sequence[str], log_path: Path) -> subprocess.Popen[bytes]:
+def local_ray_env(ray_address: str | None,
+                  environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The driver's environment: this process's, plus loopback-only settings for a private
+    Ray when there is no `ray_address` (see the module docstring)."""
+    env = dict(os.environ if environ is None else environ)
+    if ray_address:
+        return env
+    for name, value in LOCAL_RAY_ENV.items():
+        env.setdefault(name, value)
+    if LOOPBACK_INTERFACE in {name for _, name in socket.if_nameindex()}:
+        env.setdefault("GLOO_SOCKET_IFNAME", LOOPBACK_INTERFACE)  # the ranks' gloo pairs
+    return env
+
+
+def start_driver(argv: Sequence[str], log_path: Path,
+                 env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Start the driver in its own session with output to `log_path`."""
     try:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    env=None if env is None else dict(env))
     except OSError as exc:
         raise DriverLaunchError(
             f"could not start the job driver {' '.join(argv[:3])} ...: {exc}; check the "

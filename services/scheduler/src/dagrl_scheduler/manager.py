@@ -10,6 +10,9 @@
     restart: for every job that is not final: PENDING/PLANNING -> FAILED (it never launched);
              RUNNING -> re-adopted when its driver is alive on this host, else FAILED
              "scheduler restarted; driver lost"
+    close:   watchers end with UNAVAILABLE "shutting down"; drivers keep running, unless
+             `stop_drivers_on_exit` (the embedded scheduler of `dagrl run`): then they are
+             stopped like a cancel and their jobs CANCELLED
 
 Redis is connected on first use, so planning works without it. Jobs live only in Redis
 (`dagrl.jobs.JobStore`); this object keeps no job state except the driver processes it started.
@@ -50,6 +53,20 @@ def plan_job(resolved: ResolvedJob) -> Plan:
 
 class RedisNotConfiguredError(UnavailableError):
     """A job RPC reached a scheduler started without a Redis URL."""
+
+
+class SchedulerStoppingError(UnavailableError):
+    """The scheduler is shutting down: a watch cannot go on."""
+
+    def __init__(self, job_id: str, stops_drivers: bool) -> None:
+        if stops_drivers:
+            then = ("it stops its jobs with it (it is the embedded scheduler of a `dagrl run`), "
+                    "so the job ends CANCELLED; run it again to start over")
+        else:
+            then = (f"the job keeps running: `dagrl watch {job_id}` again once the scheduler "
+                    "is back (a restarted scheduler re-adopts running jobs)")
+        super().__init__(f"the scheduler is shutting down, so the watch of job {job_id} ends "
+                         f"here; {then}")
 
 
 class JobManager:
@@ -121,18 +138,17 @@ class JobManager:
 
     def watch(self, job_id: str,
               is_active: Callable[[], bool]) -> Iterator[tuple[JobEvent, JobRecord]]:
-        """Each state change or step of the job from its creation, until its final state."""
+        """Each state change or step of the job from its creation, until its final state;
+        SchedulerStoppingError when the scheduler shuts down first."""
         store = self.store()
-        record = store.get(job_id)
+        store.get(job_id)  # NOT_FOUND before the stream starts
         after, last = "0", None
-        while is_active() and not self._closed.is_set():
-            events = store.read_job_events(job_id, after, block_ms=WATCH_BLOCK_MS)
+        while is_active():
+            events, record = self._next_events(store, job_id, after)
             if not events:
-                record = store.get(job_id)
                 if record.state.is_final and last is not None and last[0].is_final:
                     return
                 continue
-            record = store.get(job_id)
             for event in events:
                 after = event.event_id
                 if (event.state, event.step) == last:
@@ -141,6 +157,20 @@ class JobManager:
                 yield event, record
                 if event.state.is_final:
                     return
+
+    def _next_events(self, store: JobStore, job_id: str,
+                     after: str) -> tuple[list[JobEvent], JobRecord]:
+        """The job's events after `after` (waiting up to WATCH_BLOCK_MS) and its record."""
+        stopping = SchedulerStoppingError(job_id, self._config.stop_drivers_on_exit)
+        if self._closed.is_set():
+            raise stopping
+        try:
+            return (store.read_job_events(job_id, after, block_ms=WATCH_BLOCK_MS),
+                    store.get(job_id))
+        except (redis.RedisError, OSError, ValueError) as exc:
+            if self._closed.is_set():  # close() closed the connection under the read
+                raise stopping from exc
+            raise
 
     # ---- Redis and recovery ---------------------------------------------------------------
 
@@ -197,7 +227,8 @@ class JobManager:
                                     self._config.ray_address)
         log_path = Path(self._config.log_dir) / f"{job_id}.log"
         try:
-            process = launcher.start_driver(argv, log_path)
+            process = launcher.start_driver(
+                argv, log_path, launcher.local_ray_env(self._config.ray_address))
         except launcher.DriverLaunchError as exc:
             store.set_state(job_id, JobState.FAILED, str(exc))
             raise
@@ -251,9 +282,31 @@ class JobManager:
             pass  # it reached a final state meanwhile
 
     def close(self) -> None:
-        """Stop watching; drivers keep running (a restarted scheduler re-adopts them)."""
+        """Stop watching. Drivers keep running (a restarted scheduler re-adopts them) unless
+        `stop_drivers_on_exit`: then each is stopped as by a cancel and its job CANCELLED."""
         self._closed.set()
+        if self._config.stop_drivers_on_exit:
+            self._stop_children()
         with self._lock:
             if self._client is not None:
                 self._client.close()
             self._client, self._store = None, None
+
+    def _stop_children(self) -> None:
+        with self._lock:
+            children = dict(self._children)
+        stoppers = [threading.Thread(target=launcher.stop_driver, name=f"stop-{job_id}",
+                                     args=(child.pid, job_id, self._config.cancel_grace_s, child))
+                    for job_id, child in children.items()]
+        for stopper in stoppers:
+            stopper.start()
+        for stopper in stoppers:
+            stopper.join()
+        reason = ("stopped with the scheduler that ran it (it stops its jobs when it stops: "
+                  "the embedded scheduler of `dagrl run`)")
+        for job_id in children:
+            try:
+                self._settle(self.store(), job_id, reason, JobState.CANCELLED)
+            except (UnavailableError, redis.RedisError) as exc:
+                log.warning("job %s: driver stopped; its state could not be recorded: %s",
+                            job_id, exc)

@@ -22,6 +22,7 @@ from dagrl.rpc.auth import BearerTokenInterceptor
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2_grpc
 from dagrl.rpc.limits import SCHEDULER_MAX_MESSAGE_BYTES
 from dagrl.rpc.serving import bind_port, server_options
+from dagrl.rpc.streams import StreamSlots
 from dagrl.telemetry.rpc_tracing import server_interceptors
 from dagrl_scheduler.config import SchedulerConfig
 from dagrl_scheduler.manager import JobManager
@@ -53,12 +54,13 @@ class SchedulerServer:
         if self.config.token:
             interceptors.append(BearerTokenInterceptor(self.config.token, PROTECTED_METHODS,
                                                        TOKEN_HINT))
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.config.max_workers,
-                                                        thread_name_prefix="scheduler-rpc"),
-                             interceptors=interceptors,
+        streams = StreamSlots(self.config.max_streams, "DAGRL_SCHEDULER_MAX_STREAMS")
+        pool = futures.ThreadPoolExecutor(max_workers=streams.pool_size(self.config.max_workers),
+                                          thread_name_prefix="scheduler-rpc")
+        server = grpc.server(pool, interceptors=interceptors,
                              options=server_options(SCHEDULER_MAX_MESSAGE_BYTES))
         scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(
-            SchedulerServicer(self.manager), server)
+            SchedulerServicer(self.manager, streams), server)
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(

@@ -1,8 +1,9 @@
 """The gRPC servicer: request validation, proto <-> domain conversion, errors -> status codes.
 
 Business logic lives in `JobManager` and `planning`; each RPC here checks its request, calls
-one manager method and converts the answer. Every DagrlError leaves through
-`dagrl.rpc.status.abort_with`, the one place that maps errors to status codes.
+one manager method and converts the answer. Every error leaves through
+`dagrl.rpc.status.abort_with`, the one place that maps errors to status codes. A WatchJob
+stream holds one of the server's stream slots (`dagrl.rpc.streams`) while it is open.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from dagrl.errors import DagrlError, InvalidInputError
 from dagrl.jobs import JobEvent, JobRecord, JobState
 from dagrl.rpc.gen.common.v1 import common_pb2
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from dagrl.rpc.status import abort_with
+from dagrl.rpc.status import abort_with, as_dagrl_error
+from dagrl.rpc.streams import StreamSlots
 from dagrl_scheduler.manager import JobManager
 
 log = logging.getLogger(__name__)
@@ -31,8 +33,9 @@ _STATE_TO_PROTO = {state: common_pb2.JobState.Value(f"JOB_STATE_{state.value}")
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
-    def __init__(self, manager: JobManager) -> None:
+    def __init__(self, manager: JobManager, streams: StreamSlots) -> None:
         self._manager = manager
+        self._streams = streams
 
     def PlanJob(self, request: scheduler_pb2.PlanJobRequest,
                 context: grpc.ServicerContext) -> scheduler_pb2.PlanJobResponse:
@@ -79,9 +82,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     def WatchJob(self, request: scheduler_pb2.WatchJobRequest,
                  context: grpc.ServicerContext) -> Iterator[scheduler_pb2.JobEvent]:
         try:
-            for event, record in self._manager.watch(_job_id(request.job_id),
-                                                     context.is_active):
-                yield scheduler_pb2.JobEvent(job=event_to_proto(event, record))
+            with self._streams.hold("WatchJob"):
+                for event, record in self._manager.watch(_job_id(request.job_id),
+                                                         context.is_active):
+                    yield scheduler_pb2.JobEvent(job=event_to_proto(event, record))
         except Exception as exc:
             _abort(context, exc, "WatchJob")
 
@@ -117,6 +121,6 @@ def _job_id(job_id: str) -> str:
 
 
 def _abort(context: grpc.ServicerContext, exc: Exception, method: str) -> NoReturn:
-    if not isinstance(exc, DagrlError):
+    if not isinstance(as_dagrl_error(exc), DagrlError):
         log.exception("%s failed unexpectedly", method)
     abort_with(context, exc)
