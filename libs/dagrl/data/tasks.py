@@ -111,8 +111,10 @@ class ReverseTask:
 
 
 # A question a real chat model (SmolLM2-135M-Instruct) reads; scored like "arith": the final
-# number of the response must be the sum.
-ARITH_QUESTION = ArithTask(prompt_format="What is {a} + {b}? Answer with just the number.")
+# number of the response must be the sum. One digit: SmolLM2-135M answers 22 % of these
+# (sampled, temperature 1) but 3 % of two-digit sums, where GRPO groups are nearly all wrong.
+ARITH_QUESTION = ArithTask(digits=1,
+                           prompt_format="What is {a} + {b}? Answer with just the number.")
 
 TASKS: dict[str, Task] = {"arith": ArithTask(), "arith_question": ARITH_QUESTION,
                           "copy": CopyTask(), "reverse": ReverseTask()}

