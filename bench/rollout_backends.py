@@ -34,23 +34,22 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")  # both backends, before torch and vLLM load
 
-import torch  # noqa: E402
+import torch
 
-from dagrl.batch import Batch  # noqa: E402
-from dagrl.models import (  # noqa: E402
+from dagrl.batch import Batch
+from dagrl.config import RolloutConfig
+from dagrl.models import (
     TinyModelSpec,
     build_char_tokenizer,
     build_tiny_model,
     load_model_and_tokenizer,
 )
-from dagrl.models.smollm2 import build_checkpoint  # noqa: E402
-from dagrl_worker.prompts import prompts_to_batch  # noqa: E402
-from dagrl_worker.rollout import HFRollout, SamplingParams  # noqa: E402
-from dagrl_worker.rollout.vllm_engine import VLLMRollout  # noqa: E402
-from dagrl_worker.training.forward import response_log_probs  # noqa: E402
-from dagrl_worker.weight_layout import plan_buckets, specs_of  # noqa: E402
-
-from dagrl.config import RolloutConfig  # noqa: E402
+from dagrl.models.smollm2 import build_checkpoint
+from dagrl_worker.prompts import prompts_to_batch
+from dagrl_worker.rollout import HFRollout, SamplingParams
+from dagrl_worker.rollout.vllm_engine import VLLMRollout
+from dagrl_worker.training.forward import response_log_probs
+from dagrl_worker.weight_layout import plan_buckets, specs_of
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES, NEW_TOKENS = 64, 64
@@ -80,7 +79,7 @@ def compare(name: str, model_dir: Path, prompts: Batch, repeats: int) -> float:
     threads = torch.get_num_threads()
     with torch.no_grad():
         hf_rate, hf_length = tokens_per_s(lambda p: hf.generate(p, PARAMS), prompts, repeats)
-    vllm_rate, vllm_length = tokens_per_s(lambda p: engine.generate(p, PARAMS), prompts,
+    vllm_rate, vllm_length = tokens_per_s(lambda p, e=engine: e.generate(p, PARAMS), prompts,
                                           repeats)
     print(f"{name}: {len(prompts)} samples x <= {NEW_TOKENS} tokens, {threads} threads: "
           f"hf {hf_rate:.0f} tok/s (mean length {hf_length:.1f}), vllm {vllm_rate:.0f} tok/s "

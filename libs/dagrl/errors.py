@@ -72,8 +72,9 @@ class DatasetError(InvalidInputError):
     """A dataset file is missing, unreadable or lacks a required column."""
 
 
-class RewardError(DagrlError):
-    """A reward function could not be resolved or returned an invalid score."""
+class RewardError(InvalidInputError):
+    """A reward function could not be resolved or returned an invalid score (the job's reward
+    code or its dataset's ground truth is wrong: INVALID_ARGUMENT, not a dagrl bug)."""
 
 
 class RefResolutionError(InvalidInputError):

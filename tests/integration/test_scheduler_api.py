@@ -26,7 +26,9 @@ from dagrl_scheduler.server import SchedulerServer
 pytestmark = pytest.mark.integration
 
 FAKE_DRIVER = Path(__file__).resolve().parents[2] / "services/scheduler/tests/fake_driver.py"
-CONFIG = "trainer: {nnodes: 1, n_ranks_per_node: 2, total_training_steps: 3}\n"
+MODEL = "actor_rollout_ref.model.path=/models/policy"  # never opened by the scheduler
+CONFIG = ("trainer: {nnodes: 1, n_ranks_per_node: 2, total_training_steps: 3}\n"
+          "actor_rollout_ref: {model: {path: /models/policy}}\n")
 BAD_WORKFLOW = """\
 dag_id: bad
 nodes:
@@ -154,7 +156,7 @@ def test_a_cluster_too_small_is_resource_exhausted(make_server: ServerFactory) -
     client = stub(make_server())
     cluster = scheduler_pb2.ClusterSpec(nodes=[scheduler_pb2.ClusterNode(
         name="n0", device_count=1, device_kind="cpu")])
-    spec = scheduler_pb2.JobSpec(overrides=["workflow.source=ppo"])
+    spec = scheduler_pb2.JobSpec(overrides=["workflow.source=ppo", MODEL])
     with pytest.raises(grpc.RpcError) as caught:
         client.PlanJob(scheduler_pb2.PlanJobRequest(spec=spec, cluster=cluster), timeout=10)
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -277,7 +279,7 @@ def test_plan_works_without_redis_and_jobs_say_what_is_missing(
         make_server: ServerFactory) -> None:
     client = stub(make_server(redis_url=None))
     plan = client.PlanJob(scheduler_pb2.PlanJobRequest(
-        spec=scheduler_pb2.JobSpec(overrides=["workflow.source=ppo"]),
+        spec=scheduler_pb2.JobSpec(overrides=["workflow.source=ppo", MODEL]),
         cluster=scheduler_pb2.ClusterSpec(nodes=[scheduler_pb2.ClusterNode(
             name="m", device_count=8, device_kind="H100", device_memory_gib=80)]),
     ), timeout=10).plan
@@ -292,7 +294,8 @@ def test_plan_job_places_agents_as_the_job_config_says(make_server: ServerFactor
     """workflow.agent_placement and rollout.n reach the planner through PlanJob."""
     client = stub(make_server(redis_url=None))
     yaml_text = (
-        "workflow: {source: two_agent}\nactor_rollout_ref: {rollout: {n: 4}}\n")
+        "workflow: {source: two_agent}\n"
+        "actor_rollout_ref: {rollout: {n: 4}, model: {path: /models/policy}}\n")
     cluster = scheduler_pb2.ClusterSpec(nodes=[scheduler_pb2.ClusterNode(
         name="m", device_count=5, device_kind="cpu")])
 

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.integration
 
 FAKE_DRIVER = Path(__file__).resolve().parents[2] / "services/scheduler/tests/fake_driver.py"
 TOKEN = "cli-token"
+MODEL = "actor_rollout_ref.model.path=/models/policy"  # never opened by the scheduler
 WORKFLOW = """\
 dag_id: two_sizes
 nodes:
@@ -50,6 +51,7 @@ def files(tmp_path: Path) -> Path:
     (tmp_path / "flow.yaml").write_text(WORKFLOW)
     (tmp_path / "job.yaml").write_text(
         "trainer: {nnodes: 2, n_ranks_per_node: 8, total_training_steps: 3}\n"
+        "actor_rollout_ref: {model: {path: /models/policy}}\n"
         "workflow: {source: flow.yaml}\n")
     return tmp_path
 
@@ -57,7 +59,8 @@ def files(tmp_path: Path) -> Path:
 def test_plan_starts_its_own_scheduler_and_explains_the_plan(
         files: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DAGRL_SCHEDULER_ADDRESS", raising=False)
-    assert main(["plan", str(files / "flow.yaml"), "--nodes", "2", "--devices-per-node", "8"]) == 0
+    assert main(["plan", str(files / "flow.yaml"), MODEL, "--nodes", "2",
+                 "--devices-per-node", "8"]) == 0
     out = capsys.readouterr().out
     for heading in ("Subgraphs", "Why these sizes", "Placement", "Process groups", "Layouts"):
         assert heading in out
@@ -101,7 +104,7 @@ def test_submit_watch_status_and_cancel(files: Path, capsys: pytest.CaptureFixtu
     assert main(["status", job_id, *address]) == 0
     assert "state     SUCCEEDED" in capsys.readouterr().out
 
-    assert main(["submit", "grpo", "trainer.n_ranks_per_node=2", "--name", "sleep",
+    assert main(["submit", "grpo", "trainer.n_ranks_per_node=2", MODEL, "--name", "sleep",
                  "--token", TOKEN, *address]) == 0
     sleeping = capsys.readouterr().out.split()[0]
     assert main(["cancel", sleeping, "--token", TOKEN, *address]) == 0

@@ -68,15 +68,16 @@ def test_hostile_yaml_is_invalid_argument_fast(
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert expected in caught.value.details()
     # the server still plans an honest job
-    plan = client.PlanJob(scheduler_pb2.PlanJobRequest(spec=scheduler_pb2.JobSpec()),
-                          timeout=10).plan
+    honest = scheduler_pb2.JobSpec(overrides=["actor_rollout_ref.model.path=/models/policy"])
+    plan = client.PlanJob(scheduler_pb2.PlanJobRequest(spec=honest), timeout=10).plan
     assert plan.dag_id == "grpo"
 
 
 def test_the_largest_plan_comes_back_through_the_cli(
         scheduler: SchedulerServer, capsys: pytest.CaptureFixture[str]) -> None:
     """131072 slots is the planner's limit; its plan (~6 MiB) is over gRPC's 4 MiB default."""
-    assert main(["plan", "grpo", "--nodes", "16384", "--devices-per-node", "8",
+    assert main(["plan", "grpo", "actor_rollout_ref.model.path=/models/policy",
+                 "--nodes", "16384", "--devices-per-node", "8",
                  "--scheduler", scheduler.address]) == 0
     out = capsys.readouterr().out
     assert out.startswith("workflow grpo: 131072 ranks on 16384 machine(s) (131072 slots, 0 idle)")

@@ -35,7 +35,8 @@ class AdvantageInputs:
 
     `values` is needed by "gae" only; `group_ids` by "grpo", "drgrpo", "rloo" and
     "reinforce_plus_plus_baseline". `gamma` is used by "gae" and "reinforce_plus_plus",
-    `lam` by "gae", `epsilon` by "grpo".
+    `lam` by "gae", `epsilon` and `norm_adv_by_std_in_grpo` by "grpo" (False: Dr.GRPO, the
+    group-centred score without the std division, as "drgrpo" always does).
     """
 
     token_level_rewards: torch.Tensor  # [B, T]
@@ -45,6 +46,7 @@ class AdvantageInputs:
     gamma: float = 1.0
     lam: float = 1.0
     epsilon: float = 1e-6
+    norm_adv_by_std_in_grpo: bool = True
 
 
 def _check_rewards(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> None:
@@ -254,7 +256,7 @@ def _gae(x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
 def _grpo(x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     groups = _need_groups(x, "grpo")
     return compute_grpo_outcome_advantage(
-        x.token_level_rewards, x.response_mask, groups, True, x.epsilon
+        x.token_level_rewards, x.response_mask, groups, x.norm_adv_by_std_in_grpo, x.epsilon
     )
 
 

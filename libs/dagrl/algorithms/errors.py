@@ -3,7 +3,7 @@
 Owns `AlgorithmError` (bad tensor shapes, an unknown estimator/loss/KL name, an out-of-range
 setting) and the small shape checks every module here shares, so each message reads the same:
 what was observed, why it is wrong, what to change. Does not own the package error root
-(`dagrl.errors.DagrlError`).
+(`dagrl.errors.DagrlError`; AlgorithmError is an `InvalidInputError`).
 """
 
 from __future__ import annotations
@@ -12,11 +12,15 @@ from collections.abc import Iterable
 
 import torch
 
-from dagrl.errors import DagrlError
+from dagrl.errors import InvalidInputError
 
 
-class AlgorithmError(DagrlError):
-    """An algorithm got inputs it cannot use: mismatched shapes, unknown name, bad value."""
+class AlgorithmError(InvalidInputError):
+    """An algorithm got inputs it cannot use: mismatched shapes, unknown name, bad value.
+
+    An input error (INVALID_ARGUMENT at the gRPC boundary): the name or value comes from the
+    job's config or workflow, the shapes from the nodes the workflow chains together.
+    """
 
 
 def require_same_shape(name: str, tensor: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:

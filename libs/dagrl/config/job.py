@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from dagrl.config.typed import nested, option
+from dagrl.errors import RefResolutionError
+from dagrl.refs import parse_ref
 
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 # How a multi-agent workflow's agents share ranks (single-agent workflows ignore it):
@@ -189,7 +191,10 @@ class KLControlConfig:
 class FilterGroupsConfig:
     """Settings of a DYNAMIC_SAMPLING node (DAPO); the node's presence in the DAG turns it on."""
 
-    metric: Literal["score", "acc", "seq_reward"] = option("score", "per-sample value compared")
+    metric: Literal["score", "acc", "seq_reward"] = option(
+        "score", "per-sample value a group's samples must differ in to be kept: score and "
+        "seq_reward, the sample's total score (sum of token_level_scores); acc, whether it is "
+        "right (total score > 0)")
     max_num_gen_batches: int = option(10, "generation rounds before giving up (0: no limit)")
 
 
@@ -225,7 +230,26 @@ class AlgorithmConfig:
 
 @dataclass(frozen=True)
 class RewardConfig:
-    reward_fn: str | None = option(None, "`module:function` scorer; default scores by data_source")
+    reward_fn: str | None = option(
+        None, "`module:function` or `path/to/file.py:function` scorer; None scores by "
+        "data_source")
+
+    def check(self) -> list[str]:
+        problem = reward_fn_problem(self.reward_fn)
+        return [problem] if problem else []
+
+
+def reward_fn_problem(ref: str | None) -> str | None:
+    """Why `ref` cannot name a reward function, or None. By form only: nothing is imported (a
+    service checking a request must not run the code it names)."""
+    if ref is None:
+        return None
+    try:
+        parse_ref(ref)
+    except RefResolutionError as exc:
+        return (f"reward_fn {ref!r} is not 'module:function' or 'path/to/file.py:function' "
+                f"({exc}); leave it unset (null) to score by data_source")
+    return None
 
 
 @dataclass(frozen=True)
@@ -236,7 +260,8 @@ class DataConfig:
     max_prompt_length: int = option(512, "prompt tokens; longer prompts follow `truncation`")
     max_response_length: int = option(512, "max new tokens per response")
     train_batch_size: int = option(64, "prompts per training step")
-    val_batch_size: int | None = option(None, "prompts per validation batch (None: all)")
+    val_batch_size: int | None = option(
+        None, "prompts per validation chunk, over all ranks (None: 64 per entry rank)")
     shuffle: bool = option(True, "shuffle the training prompts every epoch")
     seed: int = option(1, "dataloader shuffle seed")
     truncation: Literal["error", "left", "right"] = option("error", "over-long prompts")
@@ -246,6 +271,10 @@ class DataConfig:
         for name in ("max_prompt_length", "max_response_length", "train_batch_size"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.val_batch_size is not None and self.val_batch_size < 1:
+            problems.append(f"val_batch_size must be >= 1 or null, got {self.val_batch_size}")
+        if not self.prompt_key.strip():
+            problems.append("prompt_key is empty: name the column holding the chat messages")
         return problems
 
 
@@ -275,6 +304,10 @@ class TrainerConfig:
         problems = []
         if self.total_epochs < 1:
             problems.append(f"total_epochs must be >= 1, got {self.total_epochs}")
+        if self.total_training_steps is not None and self.total_training_steps < 1:
+            problems.append(
+                f"total_training_steps must be >= 1 when set, got {self.total_training_steps}; "
+                "leave it unset (null) to train total_epochs passes over the prompts")
         if self.nnodes < 1 or self.n_ranks_per_node < 1:
             problems.append("nnodes and n_ranks_per_node must be >= 1")
         if self.resume_mode == "resume_path" and not self.resume_from_path:
@@ -298,7 +331,6 @@ class WorkflowConfig:
 class ServicesConfig:
     redis_url: str | None = option(None, "databuffer Redis; None starts a private one")
     ray_address: str | None = option(None, "Ray cluster; None starts a local head")
-    scheduler_address: str = option("127.0.0.1:50051", "scheduler gRPC host:port")
     metrics_endpoint: str | None = option(None, "OTLP/gRPC endpoint of the metrics service")
     tracing: bool = option(True, "export spans and metrics over OTLP")
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dagrl.config.job import AdvEstimator
+from dagrl.config.job import AdvEstimator, reward_fn_problem
 from dagrl.config.typed import build, option
 
 
@@ -29,7 +29,8 @@ class NodeConfig:
         None, "checkpoint of this node's agent's policy (ACTOR/ROLLOUT/REFERENCE nodes) or "
         "critic (CRITIC nodes); default: the job's")
     adv_estimator: AdvEstimator | None = option(None, "ADVANTAGE: overrides algorithm's")
-    reward_fn: str | None = option(None, "REWARD: `module:function` scorer for this node")
+    reward_fn: str | None = option(
+        None, "REWARD: `module:function` or `path/to/file.py:function` scorer for this node")
 
     def check(self) -> list[str]:
         problems = []
@@ -37,6 +38,9 @@ class NodeConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 problems.append(f"{name} must be >= 1, got {value}")
+        problem = reward_fn_problem(self.reward_fn)
+        if problem:
+            problems.append(problem)
         return problems
 
 

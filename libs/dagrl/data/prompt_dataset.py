@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from transformers import PreTrainedTokenizerBase
 
-from dagrl.data.parquet import read_parquet
+from dagrl.data.parquet import REQUIRED_COLUMNS, read_parquet
 from dagrl.data.tasks import Record
 from dagrl.errors import DatasetError
 from dagrl.models.tokenizer import encode_chat_prompt
@@ -34,6 +34,7 @@ class PromptDataset:
     DatasetError naming the file and row, "truncate_left" keeps the last `max_prompt_length`
     tokens (the assistant header survives), "filter" drops the row and counts it in
     `num_filtered`. A row's `index` is its `extra_info["index"]` when set, else its position.
+    `prompt_key` names the column holding the chat messages (`data.prompt_key`; verl's name).
     """
 
     def __init__(
@@ -42,6 +43,7 @@ class PromptDataset:
         tokenizer: PreTrainedTokenizerBase,
         max_prompt_length: int,
         overlong: Overlong = "error",
+        prompt_key: str = "prompt",
     ) -> None:
         if max_prompt_length < 1:
             raise DatasetError(f"max_prompt_length={max_prompt_length}; use 1 or more tokens")
@@ -49,11 +51,13 @@ class PromptDataset:
             raise DatasetError(f"overlong={overlong!r} is not one of {list(_OVERLONG_CHOICES)}")
         self.max_prompt_length = max_prompt_length
         self.overlong = overlong
+        self.prompt_key = prompt_key
         self.num_filtered = 0
         paths = [files] if isinstance(files, (str, Path)) else list(files)
         self._rows: list[PromptRow] = []
         for path in paths:
-            for position, record in enumerate(read_parquet(path)):
+            columns = (prompt_key, *(c for c in REQUIRED_COLUMNS if c != "prompt"))
+            for position, record in enumerate(read_parquet(path, columns)):
                 row = self._encode(tokenizer, record, position, f"row {position} of {path}")
                 if row is None:
                     self.num_filtered += 1
@@ -69,7 +73,8 @@ class PromptDataset:
     def _encode(
         self, tokenizer: PreTrainedTokenizerBase, record: Record, position: int, where: str
     ) -> PromptRow | None:
-        prompt_ids = encode_chat_prompt(tokenizer, _checked_messages(record["prompt"], where))
+        messages = _checked_messages(record[self.prompt_key], f"{where} ({self.prompt_key!r})")
+        prompt_ids = encode_chat_prompt(tokenizer, messages)
         if len(prompt_ids) > self.max_prompt_length:
             if self.overlong == "filter":
                 return None

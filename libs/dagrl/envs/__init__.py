@@ -12,13 +12,11 @@ from dagrl.envs.base import (
     Environment,
     StepResult,
     Trajectory,
-    builtin_envs,
-    env_factory,
-    env_ref_problem,
     episode_reward,
 )
 from dagrl.envs.calculator import CalculatorError, CalculatorToolEnv, evaluate
 from dagrl.envs.math_env import MathEnv
+from dagrl.envs.naming import builtin_envs, env_factory, env_ref_problem
 from dagrl.envs.options import (
     AgentOptions,
     agent_node_problems,

@@ -1,21 +1,16 @@
-"""The Environment interface of multi-turn rollouts, and how an env is named in a workflow.
+"""The Environment interface of multi-turn rollouts.
 
 Owns the contract between the rollout loop and an environment (`reset`, `step`, optional
-`get_rewards`), the `StepResult` and `Trajectory` records, the `info` keys the loop reads
-(`TOOL_CALLS`, `TOOL_ERRORS`), and `env_factory`, which turns a node's `agent_options.env`
-("math", "calculator", "module:Class" or "path/to/file.py:Class") into a constructor
-(`env_ref_problem` checks that name by form only, without importing anything). It does not run
-episodes: the worker's multi-turn loop does (`dagrl_worker.rollout.multiturn`).
+`get_rewards`), the `StepResult` and `Trajectory` records and the `info` keys the loop reads
+(`TOOL_CALLS`, `TOOL_ERRORS`). It imports no environment: the built-ins import it, and how a
+workflow names one is `dagrl.envs.naming`'s. It does not run episodes: the worker's multi-turn
+loop does (`dagrl_worker.rollout.multiturn`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast, runtime_checkable
-
-from dagrl.errors import ConfigError, RefResolutionError
-from dagrl.refs import parse_ref, resolve_ref
+from typing import Any, Protocol, runtime_checkable
 
 # Optional keys of `StepResult.info` that the rollout loop counts (ints >= 0; absent: 0). The
 # worker sums them over a step's episodes into the `tool/calls` and `tool/errors` metrics.
@@ -78,47 +73,3 @@ def episode_reward(env: Environment, trajectory: Trajectory) -> float:
         raise TypeError(f"{type(env).__name__}.get_rewards returned {value!r}; "
                         "it must return a finite number (the episode's reward)")
     return float(value)
-
-
-def builtin_envs() -> Mapping[str, type]:
-    """Built-in environments by the name a workflow uses in `agent_options.env`."""
-    from dagrl.envs.calculator import CalculatorToolEnv
-    from dagrl.envs.math_env import MathEnv
-
-    return {"math": MathEnv, "calculator": CalculatorToolEnv}
-
-
-def env_ref_problem(ref: str) -> str | None:
-    """Why `ref` cannot name an environment, or None. Checks the form only, imports nothing:
-    a service validating a request (the scheduler) must not run code the request names."""
-    builtins = builtin_envs()
-    if ref in builtins:
-        return None
-    try:
-        parse_ref(ref)
-    except RefResolutionError as exc:
-        return (f"env {ref!r} is neither a built-in ({', '.join(sorted(builtins))}) nor a "
-                f"'module:Class' / 'path/to/file.py:Class' reference: {exc}")
-    return None
-
-
-def env_factory(ref: str, max_turns: int) -> Callable[[], Environment]:
-    """A constructor of fresh environments for `agent_options.env`.
-
-    A built-in name gets `max_turns` (its turn limit); a user class (`module:Class` or
-    `path/to/file.py:Class`) is imported here and called without arguments.
-    """
-    builtins = builtin_envs()
-    if ref in builtins:
-        cls = builtins[ref]
-        return lambda: cast(Environment, cls(max_turns=max_turns))
-    problem = env_ref_problem(ref)
-    if problem:
-        raise ConfigError(problem)
-    user_cls = cast(type, resolve_ref(ref, kind="class"))
-    missing = [name for name in ("reset", "step") if not callable(getattr(user_cls, name, None))]
-    if missing:
-        raise ConfigError(f"env {ref!r} ({user_cls.__name__}) has no {' or '.join(missing)} "
-                          "method; an environment needs async reset(sample) and "
-                          "async step(action, ground_truth)")
-    return lambda: cast(Environment, user_cls())

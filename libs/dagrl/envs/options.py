@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dagrl.config.typed import build, option
-from dagrl.envs.base import env_ref_problem
+from dagrl.envs.naming import env_ref_problem
 from dagrl.errors import ConfigError, RefResolutionError
 from dagrl.refs import parse_ref
 from dagrl.workflow import Node, NodeRole, NodeType, TaskGraph

@@ -94,8 +94,9 @@ def encode_chat_prompt(
 _GENERIC_TOKENIZER_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast"}
 
 
-def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
-    """The tokenizer saved in a checkpoint folder, offline.
+def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """The tokenizer saved in a checkpoint folder, offline; `trust_remote_code` lets a
+    checkpoint's own tokenizer code (`auto_map` in tokenizer_config.json) run.
 
     `AutoTokenizer` in transformers 5 picks the tokenizer class registered for the model's
     `model_type` whenever `tokenizer_config.json` declares another class: a char tokenizer
@@ -111,4 +112,5 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
         declared = json.loads(config_file.read_text(encoding="utf-8")).get("tokenizer_class")
     if declared in _GENERIC_TOKENIZER_CLASSES:
         return PreTrainedTokenizerFast.from_pretrained(str(folder), local_files_only=True)
-    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code,
+                                         local_files_only=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dagrl.config import JobConfig, apply_overrides, build, parse_yaml_mapping
 from dagrl.envs import check_agent_nodes
 from dagrl.errors import InvalidInputError
+from dagrl.job_rules import check_job
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.workflow import TaskGraph, list_builtin_workflows, load_workflow, parse_workflow
 
@@ -26,7 +27,9 @@ def load_config(spec: scheduler_pb2.JobSpec) -> JobConfig:
 
 
 def load_graph(spec: scheduler_pb2.JobSpec, config: JobConfig) -> tuple[TaskGraph, str]:
-    """The job's workflow, checked (agent nodes included), and the name messages give it."""
+    """The job's workflow, checked (agent nodes included) and checked against the config
+    (`dagrl.job_rules`: a policy checkpoint per agent, old log-probs before each policy
+    update), and the name messages give it."""
     if spec.workflow_yaml.strip():
         source = spec.workflow_source or "<workflow>"
         base_dir = spec.workflow_base_dir or None
@@ -41,6 +44,7 @@ def load_graph(spec: scheduler_pb2.JobSpec, config: JobConfig) -> tuple[TaskGrap
             "named by a request: send the workflow's text in JobSpec.workflow_yaml (the dagrl "
             "CLI does)")
     check_agent_nodes(graph, source)
+    check_job(config, graph, f"{spec.config_source or '<config>'} with workflow {source}")
     return graph, source
 
 

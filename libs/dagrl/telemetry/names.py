@@ -6,7 +6,8 @@ nobody spells a name as a string literal anywhere else. The span tree of one ste
     step                        driver: one per job step, the root of that step's trace
       step                      one per rank (dagrl.rank set), a child of the driver's span
         node/<node_id>          one per workflow node the rank runs
-          databuffer.get | rollout.generate | actor.forward_backward | ...   phases
+          databuffer.get | rollout.generate | actor.forward_backward |
+          critic.forward_backward | ...                                     phases
 
 Attribute values: `dagrl.tokens`, `dagrl.batch_size`, `dagrl.bytes` and `dagrl.flops` are
 totals for the span they sit on (a rank's step span: the tokens its samples hold this step).
@@ -28,17 +29,17 @@ SPAN_JOB_START: Final = "job.start"
 SPAN_DATABUFFER_GET: Final = "databuffer.get"
 SPAN_DATABUFFER_PUT: Final = "databuffer.put"
 SPAN_ROLLOUT_GENERATE: Final = "rollout.generate"
-SPAN_ACTOR_FORWARD_BACKWARD: Final = "actor.forward_backward"
+SPAN_ACTOR_FORWARD_BACKWARD: Final = "actor.forward_backward"  # one actor micro-batch
+SPAN_CRITIC_FORWARD_BACKWARD: Final = "critic.forward_backward"  # one critic micro-batch
 SPAN_OPTIMIZER_STEP: Final = "optimizer.step"
 SPAN_WEIGHT_SYNC: Final = "weight_sync"
 SPAN_CHECKPOINT_SAVE: Final = "checkpoint.save"
-SPAN_ENV_STEP: Final = "env.step"
 SPAN_REWARD_SCORE: Final = "reward.score"
 SPAN_LOG_PROB: Final = "log_prob.forward"
 
 PHASE_SPANS: Final = frozenset({
     SPAN_DATABUFFER_GET, SPAN_DATABUFFER_PUT, SPAN_ROLLOUT_GENERATE, SPAN_ACTOR_FORWARD_BACKWARD,
-    SPAN_OPTIMIZER_STEP, SPAN_WEIGHT_SYNC, SPAN_CHECKPOINT_SAVE, SPAN_ENV_STEP,
+    SPAN_CRITIC_FORWARD_BACKWARD, SPAN_OPTIMIZER_STEP, SPAN_WEIGHT_SYNC, SPAN_CHECKPOINT_SAVE,
     SPAN_REWARD_SCORE, SPAN_LOG_PROB,
 })
 
@@ -64,10 +65,56 @@ ATTR_PEAK_FLOPS: Final = "dagrl.peak_flops"  # rank step span: the device's peak
 ATTR_DIRECTION: Final = "dagrl.direction"  # metric attribute: get | put
 ATTR_METRIC_PREFIX: Final = "dagrl.metric."  # step span: `dagrl.metric.<name>` = float value
 
-# ---- step-level metric keys (reported with `SpanScope.record_metric`) -------------------
-STEP_METRIC_REWARD_MEAN: Final = "critic/score/mean"
-
 # ---- per-step summary keys of the worker's MetricSink (console, JSONL, trackers) ---------
+# verl's names where verl has one. In a multi-agent workflow each is recorded under
+# `agent_prefix(g)` (`agent1/actor/pg_loss`), except the job-wide `perf/` and `tokens/`.
+# rollout
+KEY_TOKENS_GENERATED: Final = "tokens/generated"  # response tokens sampled (sum)
+KEY_TOKENS_TRAINED: Final = "tokens/trained"  # response tokens x actor epochs (sum)
+KEY_RESPONSE_LENGTH_MEAN: Final = "response_length/mean"  # policy tokens per sample
+KEY_RESPONSE_LENGTH_MAX: Final = "response_length/max"
+KEY_RESPONSE_LENGTH_CLIP_RATIO: Final = "response_length/clip_ratio"  # share at max length
+KEY_NUM_TURNS_MEAN: Final = "num_turns/mean"  # multi-turn: assistant turns per episode
+KEY_NUM_TURNS_MAX: Final = "num_turns/max"
+KEY_TOOL_CALLS: Final = "tool/calls"  # sum over episodes (env info TOOL_CALLS)
+KEY_TOOL_ERRORS: Final = "tool/errors"
+KEY_TOOL_CALLS_PER_EPISODE_MEAN: Final = "tool/calls_per_episode/mean"
+# what a validation pass reports of its rollouts (under val/)
+ROLLOUT_METRIC_PREFIXES: Final = ("num_turns/", "response_length/", "tool/")
+# reward and advantage
+KEY_SCORE_MEAN: Final = "critic/score/mean"  # per sample: the reward function's score
+KEY_SCORE_MAX: Final = "critic/score/max"
+KEY_SCORE_MIN: Final = "critic/score/min"
+KEY_REWARDS_MEAN: Final = "critic/rewards/mean"  # score minus the in-reward KL penalty
+KEY_ADVANTAGES_MEAN: Final = "critic/advantages/mean"  # token mean
+KEY_RETURNS_MEAN: Final = "critic/returns/mean"  # token mean
+KEY_REWARD_KL_PENALTY: Final = "actor/reward_kl_penalty"  # mean KL folded into the reward
+KEY_REWARD_KL_PENALTY_COEFF: Final = "actor/reward_kl_penalty_coeff"
+# DAPO dynamic sampling
+KEY_DYNAMIC_SAMPLING_FILTERED_GROUPS: Final = "dynamic_sampling/filtered_groups"  # dropped
+KEY_DYNAMIC_SAMPLING_KEPT_GROUPS: Final = "dynamic_sampling/kept_groups"
+KEY_DYNAMIC_SAMPLING_ROUNDS: Final = "dynamic_sampling/generation_rounds"
+# actor update (token means over the mini-batches, unless said otherwise)
+KEY_ACTOR_PG_LOSS: Final = "actor/pg_loss"
+KEY_ACTOR_PG_CLIPFRAC: Final = "actor/pg_clipfrac"
+KEY_ACTOR_PG_CLIPFRAC_LOWER: Final = "actor/pg_clipfrac_lower"  # dual-clip share
+KEY_ACTOR_PPO_KL: Final = "actor/ppo_kl"  # KL(old || new) of the update
+KEY_ACTOR_ENTROPY: Final = "actor/entropy"
+KEY_ACTOR_KL_LOSS: Final = "actor/kl_loss"  # KL(actor || reference) as a loss
+KEY_ACTOR_GRAD_NORM: Final = "actor/grad_norm"  # mean over optimizer steps
+KEY_ACTOR_LR: Final = "actor/lr"
+# critic update
+KEY_CRITIC_VF_LOSS: Final = "critic/vf_loss"
+KEY_CRITIC_VF_CLIPFRAC: Final = "critic/vf_clipfrac"
+KEY_CRITIC_GRAD_NORM: Final = "critic/grad_norm"
+KEY_CRITIC_LR: Final = "critic/lr"
+# time and accounting
+KEY_TIMING_PREFIX: Final = "timing_s/"  # + node id: s the node took on the slowest rank
+KEY_TIME_PER_STEP: Final = "perf/time_per_step"  # s, slowest rank
+KEY_COMPUTE_SECONDS: Final = "perf/compute_s"  # s a rank spent in model compute
+KEY_THROUGHPUT: Final = "perf/throughput"  # tokens/s over the job (the driver's)
+JOB_WIDE_PREFIXES: Final = ("perf/", "tokens/")  # never under agent{g}/
+KEY_VAL_PREFIX: Final = "val/"  # validation figures: val/<data_source>/accuracy, ...
 KEY_WEIGHT_SYNC_TIME: Final = "timing_s/weight_sync"  # s: actor -> rollout engine(s)
 KEY_WEIGHT_SYNC_BYTES: Final = "weight_sync/bytes"  # bytes loaded into engines / sent
 KEY_WEIGHT_SYNC_GBPS: Final = "weight_sync/gb_per_s"  # 1e9 bytes/s over the sync
@@ -78,6 +125,25 @@ KEY_ROLLOUT_CORR_MAX_ABS_DIFF: Final = "rollout_corr/max_abs_diff"  # max |log-p
 KEY_ROLLOUT_CORR_TIS_MEAN: Final = "rollout_corr/tis_weight_mean"  # truncated IS weight
 KEY_ROLLOUT_CORR_TIS_CLIPFRAC: Final = "rollout_corr/tis_clipfrac"  # share at the cap
 KEY_OLD_LOG_PROB_SKIPPED: Final = "actor/old_log_prob_pass_skipped"  # 1: rollout's used
+
+# ---- step-level metric keys (reported with `SpanScope.record_metric`) -------------------
+STEP_METRIC_REWARD_MEAN: Final = KEY_SCORE_MEAN
+
+
+def node_timing_key(node_id: str) -> str:
+    """`timing_s/<node_id>`: the seconds one node took this step (max over ranks)."""
+    return f"{KEY_TIMING_PREFIX}{node_id}"
+
+
+def agent_prefix(agent_group: int) -> str:
+    """`agent<g>/`: where one agent's metrics go in a multi-agent workflow."""
+    return f"agent{agent_group}/"
+
+
+def val_source_keys(data_source: str, n: int) -> tuple[str, str, str]:
+    """A validation set's figures per data source, under `val/`: accuracy (mean score),
+    mean@n (the same mean, verl's name) and best@n (mean over prompts of the best of n)."""
+    return f"{data_source}/accuracy", f"{data_source}/mean@{n}", f"{data_source}/best@{n}"
 
 # ---- OTel instruments (exported by every process over OTLP) ---------------------------
 METRIC_STEP_DURATION: Final = "dagrl.step.duration"  # histogram, s
@@ -99,6 +165,7 @@ UNIT_TOKENS: Final = "{token}"
 PHASE_TOKEN_COUNTERS: Final = {
     SPAN_ROLLOUT_GENERATE: METRIC_TOKENS_GENERATED,
     SPAN_ACTOR_FORWARD_BACKWARD: METRIC_TOKENS_TRAINED,
+    SPAN_CRITIC_FORWARD_BACKWARD: METRIC_TOKENS_TRAINED,  # as before it had a span of its own
 }
 PHASE_BYTE_COUNTERS: Final = {
     SPAN_DATABUFFER_GET: (METRIC_DATABUFFER_BYTES, ((ATTR_DIRECTION, "get"),)),

@@ -12,7 +12,8 @@ from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.rpc.status import status_code_for
 from dagrl_scheduler.specs import resolve_job
 
-CONFIG = "trainer: {nnodes: 1, n_ranks_per_node: 2, device: cpu}\n"
+CONFIG = ("trainer: {nnodes: 1, n_ranks_per_node: 2, device: cpu}\n"
+          "actor_rollout_ref: {model: {path: /models/policy}}\n")
 WORKFLOW = """\
 dag_id: agents
 nodes:

@@ -286,21 +286,36 @@ def test_a_three_agent_chain_passes_scores_back_two_levels(tiny_checkpoint: Path
     assert "val/agent2/arith/accuracy" in worker.validate()
 
 
+def _grpo_without(tmp_path: Path, node_id: str, parent: str) -> str:
+    """The grpo workflow without `node_id`; its child depends on `parent` instead."""
+    workflow = load_workflow("grpo").to_dict()
+    workflow["nodes"] = [n for n in workflow["nodes"] if n["node_id"] != node_id]
+    for node in workflow["nodes"]:
+        if node_id in node.get("dependencies", []):
+            node["dependencies"] = [parent]
+    path = tmp_path / f"no_{node_id}.yaml"
+    path.write_text(yaml.safe_dump(workflow))
+    return str(path)
+
+
 def test_a_field_no_upstream_node_adds_is_a_workflow_error(tiny_checkpoint: Path,
                                                              tmp_path: Path) -> None:
-    workflow = load_workflow("grpo").to_dict()
-    workflow["nodes"] = [n for n in workflow["nodes"] if n["node_id"] != "old_log_prob"]
-    for node in workflow["nodes"]:
-        if node["node_id"] == "ref_log_prob":
-            node["dependencies"] = ["advantage"]
-    path = tmp_path / "no_old_log_prob.yaml"
-    path.write_text(yaml.safe_dump(workflow))
-    worker = make_worker(tiny_checkpoint, tmp_path, str(path))
+    worker = make_worker(tiny_checkpoint, tmp_path,
+                         _grpo_without(tmp_path, "ref_log_prob", "old_log_prob"))
     worker.init_graph()
     with pytest.raises(InvalidInputError, match=r"node 'actor_train' reads field "
-                       r"'old_log_probs'.*add an ACTOR node \(MODEL_TRAIN\) with "
-                       r"only_forward_compute: true upstream"):
+                       r"'ref_log_probs'.*add a REFERENCE node upstream"):
         worker.run_step(1)
+
+
+def test_a_policy_update_without_old_log_probs_is_refused_before_any_model_loads(
+        tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """The job check the scheduler runs (`dagrl.job_rules`), again on the worker."""
+    worker = make_worker(tiny_checkpoint, tmp_path,
+                         _grpo_without(tmp_path, "old_log_prob", "advantage"))
+    with pytest.raises(ConfigError, match=r"node 'actor_train'.*use_rollout_log_probs"):
+        worker.init_graph()
+    assert worker.models == {}
 
 
 def test_dynamic_sampling_with_its_upstream_on_other_ranks_is_refused(tiny_checkpoint: Path,

@@ -27,10 +27,11 @@ from transformers import (
 )
 
 from dagrl.batch import Batch
-from dagrl.config import JobConfig, node_config
+from dagrl.config import JobConfig, ModelConfig, node_config
 from dagrl.engines import require_engine
 from dagrl.envs import agent_node_problems, agent_options, env_factory
 from dagrl.errors import ConfigError, InvalidInputError
+from dagrl.job_rules import model_path
 from dagrl.models import load_tokenizer
 from dagrl.refs import resolve_ref
 from dagrl.rewards import compute_score
@@ -64,39 +65,29 @@ class UnsupportedNodeError(InvalidInputError):
     """A node this worker version cannot execute (named, with what to use instead)."""
 
 
-def _load_causal_lm(path: str, dtype: str) -> Any:
-    return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype),
-                                                local_files_only=True)
+def _load_causal_lm(path: str, model: ModelConfig) -> Any:
+    """The policy's module (actor, reference, an `hf` rollout's own) with `model`'s dtype and
+    trust_remote_code, offline."""
+    return AutoModelForCausalLM.from_pretrained(
+        path, dtype=getattr(torch, model.dtype), trust_remote_code=model.trust_remote_code,
+        local_files_only=True)
 
 
-def _load_value_model(path: str, dtype: str) -> Any:
+def _load_value_model(path: str, model: ModelConfig) -> Any:
     return AutoModelForTokenClassification.from_pretrained(
-        path, num_labels=1, dtype=getattr(torch, dtype), local_files_only=True)
+        path, num_labels=1, dtype=getattr(torch, model.dtype),
+        trust_remote_code=model.trust_remote_code, local_files_only=True)
 
 
-# The node roles that run each model of an agent: the policy also serves the rollout and, as
-# it was at the start, the frozen reference.
-_MODEL_USERS = {NodeRole.ACTOR: (NodeRole.ACTOR, NodeRole.ROLLOUT, NodeRole.REFERENCE),
-                NodeRole.CRITIC: (NodeRole.CRITIC,)}
-
-
-def model_path(graph: TaskGraph, agent_group: int, role: NodeRole, config: JobConfig) -> str:
-    """The checkpoint of an agent's policy (`role` ACTOR) or critic (CRITIC): the
-    `config.model_path` of any node of the agent that runs that model (they must agree), else
-    the job's model paths."""
-    given = {node.node_id: path for node in graph.nodes
-             if node.agent_group == agent_group and node.node_role in _MODEL_USERS[role]
-             and (path := node_config(node.node_id, node.config).model_path)}
-    if len(set(given.values())) > 1:
-        named = ", ".join(f"{n!r}: {p}" for n, p in sorted(given.items()))
-        raise ConfigError(f"agent {agent_group}'s {role.name.lower()} model has one checkpoint, "
-                          f"but its nodes give different config.model_path ({named}); make "
-                          "them agree or set it on one node")
-    if given:
-        return next(iter(given.values()))
-    if role == NodeRole.CRITIC and config.critic.model.path:
-        return config.critic.model.path
-    return config.actor_rollout_ref.model.path
+def _for_training(module: Any, model: ModelConfig) -> Any:
+    """`module` in train mode; with `model.gradient_checkpointing` each decoder layer's
+    activations are recomputed in backward instead of kept (less memory, one more forward).
+    Non-reentrant checkpointing: it works under DDP and FSDP2 and with inputs that need no
+    grad."""
+    if model.gradient_checkpointing:
+        module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    module.train()
+    return module
 
 
 def shared_tokenizer(graph: TaskGraph, config: JobConfig) -> PreTrainedTokenizerBase:
@@ -104,7 +95,9 @@ def shared_tokenizer(graph: TaskGraph, config: JobConfig) -> PreTrainedTokenizer
     tokens, not text. ConfigError naming the checkpoints when two agents' tokenizers differ."""
     paths = {agent: model_path(graph, agent, NodeRole.ACTOR, config)
              for agent in graph.agent_groups()}
-    loaded = {path: load_tokenizer(path) for path in sorted(set(paths.values()))}
+    trust = config.actor_rollout_ref.model.trust_remote_code
+    loaded = {path: load_tokenizer(path, trust_remote_code=trust)
+              for path in sorted(set(paths.values()))}
     first = paths[min(paths)]
     reference = loaded[first]
     for path, tokenizer in loaded.items():
@@ -130,14 +123,13 @@ def build_agent_models(graph: TaskGraph, my_nodes: set[str], agent_group: int,
     original checkpoint."""
     nodes = [graph[n] for n in my_nodes if graph[n].agent_group == agent_group]
     roles = {n.node_role for n in nodes}
-    dtype = config.actor_rollout_ref.model.dtype
+    policy = config.actor_rollout_ref.model
     policy_path = model_path(graph, agent_group, NodeRole.ACTOR, config)
-    tokenizer = load_tokenizer(policy_path)
+    tokenizer = load_tokenizer(policy_path, trust_remote_code=policy.trust_remote_code)
     models = AgentModels(tokenizer=tokenizer)
     weights = policy_weights or policy_path
     if NodeRole.ACTOR in roles:
-        module = _load_causal_lm(weights, dtype)
-        module.train()
+        module = _for_training(_load_causal_lm(weights, policy), policy)
         strategy = config.actor_rollout_ref.actor.strategy
         if strategy == "megatron":
             raise UnsupportedNodeError("actor strategy 'megatron' needs the megatron extra and "
@@ -147,15 +139,17 @@ def build_agent_models(graph: TaskGraph, my_nodes: set[str], agent_group: int,
     if NodeRole.ROLLOUT in roles:
         models.rollout = build_rollout(weights, config, tokenizer, models.actor)
         if models.actor is None:  # a rollout-only rank: weight sync fills in the policy
-            models.policy_specs = policy_specs(weights, dtype)
+            models.policy_specs = policy_specs(weights, policy)
     if NodeRole.REFERENCE in roles:
-        reference = _load_causal_lm(policy_path, dtype)
+        reference = _load_causal_lm(policy_path, policy)
         reference.eval().requires_grad_(False)
         models.reference = reference
     if NodeRole.CRITIC in roles:
         critic_path = model_path(graph, agent_group, NodeRole.CRITIC, config)
-        value_model = _load_value_model(critic_path, config.critic.model.dtype)
-        value_model.train()
+        # critic.model's dtype, trust_remote_code and gradient_checkpointing, also when it
+        # starts from the policy's checkpoint
+        value_model = _for_training(_load_value_model(critic_path, config.critic.model),
+                                    config.critic.model)
         models.critic = TrainEngine(value_model, config.critic.optim, total_steps,
                                     _training_dp(nodes, NodeRole.CRITIC, dp_for), "ddp")
     return models
@@ -170,26 +164,29 @@ def build_rollout(weights: str, config: JobConfig, tokenizer: PreTrainedTokenize
     sync refreshes whatever does not share the actor's module.
     """
     rollout = config.actor_rollout_ref.rollout
-    dtype = config.actor_rollout_ref.model.dtype
+    policy = config.actor_rollout_ref.model
     if rollout.name == "vllm":
         require_engine("vllm")
         from dagrl_worker.rollout.vllm_engine import VLLMRollout, check_tensor_parallel
 
         check_tensor_parallel(rollout, torch.cuda.is_available())
-        return VLLMRollout(weights, rollout, dtype, int(tokenizer.pad_token_id),
+        return VLLMRollout(weights, rollout, policy.dtype, int(tokenizer.pad_token_id),
                            int(tokenizer.eos_token_id))
     if actor is not None and not actor.is_sharded:
         return HFRollout(actor.inner, tokenizer, shares_actor_weights=True)
-    module = _load_causal_lm(weights, dtype)
+    module = _load_causal_lm(weights, policy)
     module.eval()
     return HFRollout(module, tokenizer)
 
 
-def policy_specs(path: str, dtype: str) -> list[TensorSpec]:
+def policy_specs(path: str, model: ModelConfig) -> list[TensorSpec]:
     """The policy's tensors without loading its weights (a meta-device instance)."""
-    model_config = AutoConfig.from_pretrained(path, local_files_only=True)
+    trust = model.trust_remote_code
+    model_config = AutoConfig.from_pretrained(path, trust_remote_code=trust,
+                                              local_files_only=True)
     with torch.device("meta"):
-        module = AutoModelForCausalLM.from_config(model_config, dtype=getattr(torch, dtype))
+        module = AutoModelForCausalLM.from_config(model_config, dtype=getattr(torch, model.dtype),
+                                                  trust_remote_code=trust)
     return specs_of(module.state_dict().items())
 
 

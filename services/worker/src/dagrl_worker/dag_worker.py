@@ -34,8 +34,9 @@ from dagrl.config import JobConfig
 from dagrl.engines import require_engine
 from dagrl.envs import check_agent_nodes
 from dagrl.errors import InvalidInputError
+from dagrl.job_rules import PRODUCED_BY, check_job
 from dagrl.workflow import NodeRole, TaskGraph
-from dagrl_databuffer.keys import attempt_namespace
+from dagrl_databuffer.keys import attempt_namespace, validation_namespace
 from dagrl_worker import checkpoint
 from dagrl_worker.builder import build_agent_models, build_executor, shared_tokenizer
 from dagrl_worker.config import WorkerSettings
@@ -47,7 +48,12 @@ from dagrl_worker.prompt_source import PromptSource
 from dagrl_worker.prompts import dp_slice, prompts_to_batch
 from dagrl_worker.spec import WorkerSpec
 from dagrl_worker.training.parallel import DataParallel
-from dagrl_worker.validation import validate_workflow
+from dagrl_worker.validation import (
+    ValidationRun,
+    validate_workflow,
+    validation_nodes,
+    validation_router,
+)
 from dagrl_worker.weight_sync import (
     ModelSync,
     SyncGroup,
@@ -127,6 +133,7 @@ class DAGWorker:
         Returns (first step to run, total training steps).
         """
         check_agent_nodes(self.graph)  # as the scheduler does; a Driver may run without it
+        check_job(self.config, self.graph)
         _check_model_parallel(self.plan, self.my_nodes)
         _check_redraws_stay_local(self.graph, self.plan)
         resume = self._latest_folder() if attempt else self._resume_folder()
@@ -172,9 +179,9 @@ class DAGWorker:
         with telemetry.step_span(step, self.spec.job_id, parent=trace) as span:
             self.walk(ctx, global_prompts, self.order, self.router)
             self._sync_weights(sink)
-            span.add_tokens(int(sink.value("tokens/generated")))
+            span.add_tokens(int(sink.value(telemetry.KEY_TOKENS_GENERATED)))
         self.router.clear()
-        sink.add("perf/time_per_step", time.perf_counter() - started, Reduce.MAX)
+        sink.add(telemetry.KEY_TIME_PER_STEP, time.perf_counter() - started, Reduce.MAX)
         return sink.summary()
 
     def _entry_input(self, node_id: str, step: int, rows: dict[str, list], tag: str,
@@ -203,7 +210,8 @@ class DAGWorker:
                 span.set_batch_size(len(batch))
                 output = run_node(self.executors[node_id], node_id, batch,
                                   self._node_context(ctx, node_id))
-            ctx.sink.add(f"timing_s/{node_id}", time.perf_counter() - started, Reduce.MAX)
+            ctx.sink.add(telemetry.node_timing_key(node_id), time.perf_counter() - started,
+                         Reduce.MAX)
             router.publish(step, node_id, output)
 
     def _node_context(self, ctx: StepContext, node_id: str) -> StepContext:
@@ -211,7 +219,7 @@ class DAGWorker:
         if not self.is_multi_agent:
             return ctx
         agent = self.graph[node_id].agent_group
-        return dataclasses.replace(ctx, sink=ctx.sink.scoped(f"agent{agent}/"))
+        return dataclasses.replace(ctx, sink=ctx.sink.scoped(telemetry.agent_prefix(agent)))
 
     def _sync_weights(self, sink: MetricSink) -> None:
         """Every updated model to where it is used untrained: this rank's rollout engine,
@@ -256,7 +264,14 @@ class DAGWorker:
         """A validation pass after training step `step` (0: before training); every rank
         takes part (`validation.validate_workflow`)."""
         assert self.prompts_source is not None
-        return validate_workflow(self, self.prompts_source, step)
+        wanted = validation_nodes(self.graph)
+        router = validation_router(self.graph, self.plan, self.rank, self.store,
+                                   validation_namespace(self.data_job, step))
+        context = StepContext(0, self.rank, self.config, MetricSink(), self.kl_controller,
+                              validating=True)
+        run = ValidationRun(self.graph, self.plan, [n for n in self.order if n in wanted],
+                            self.walk, router, context)
+        return validate_workflow(run, self.prompts_source.val_rows(0, 1))
 
     def flush_telemetry(self) -> bool:
         """Export every span still queued (the driver calls this before stopping the rank)."""
@@ -320,30 +335,19 @@ class DAGWorker:
         return int(trainer_state["step"]) + 1
 
 
-# The node that adds each field the built-in executors read, for "missing field" errors.
-_PRODUCED_BY = {
-    "responses": "a ROLLOUT node (MODEL_INFERENCE)",
-    "token_level_scores": "a REWARD node",
-    "advantages": "an ADVANTAGE node",
-    "old_log_probs": "an ACTOR node (MODEL_TRAIN) with only_forward_compute: true",
-    "ref_log_probs": "a REFERENCE node",
-    "values": "a CRITIC node (MODEL_TRAIN) with only_forward_compute: true",
-}
-
-
 def run_node(executor: Executor, node_id: str, batch: Batch, ctx: StepContext) -> Batch:
-    """`executor.run`, with a missing built-in input field (`_PRODUCED_BY`) named as a
+    """`executor.run`, with a missing built-in input field (`PRODUCED_BY`) named as a
     workflow error: which node reads it, what its input carries, and which node would add it
     upstream. Any other KeyError is the node's own and passes unchanged."""
     try:
         return executor.run(batch, ctx)
     except KeyError as exc:
         field = exc.args[0] if exc.args else None
-        if field not in _PRODUCED_BY or field in batch:
+        if field not in PRODUCED_BY or field in batch:
             raise  # not a built-in field the workflow failed to produce: the node's own error
         raise InvalidInputError(
             f"node {node_id!r} reads field {field!r}, which its input does not carry "
-            f"(fields: {', '.join(sorted(batch.field_names))}); add {_PRODUCED_BY[field]} "
+            f"(fields: {', '.join(sorted(batch.field_names))}); add {PRODUCED_BY[field]} "
             "upstream of it in the workflow") from exc
 
 

@@ -1,6 +1,7 @@
 """Step metrics with a reducer declared where each value is recorded.
 
-A node records `sink.add("actor/pg_loss", value, Reduce.MEAN, weight=tokens)`; the sink
+A node records `sink.add(KEY_ACTOR_PG_LOSS, value, Reduce.MEAN, weight=tokens)` (every name
+is a constant in `dagrl.telemetry.names`); the sink
 folds repeated values on one rank (micro-batches) and `merge` folds the per-rank
 summaries in the driver. The reducer travels with the value, so nothing downstream
 guesses how to combine a metric from its name.
@@ -21,11 +22,13 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from enum import StrEnum
 
+from dagrl import telemetry
+
 # Seconds a rank spends in model compute (generate, forward, backward, optimizer step);
 # the rest of a step is orchestration overhead.
-COMPUTE_SECONDS = "perf/compute_s"
+COMPUTE_SECONDS = telemetry.KEY_COMPUTE_SECONDS
 # Metric families that stay job-wide (unprefixed) in a per-agent scope.
-JOB_WIDE_PREFIXES = ("perf/", "tokens/")
+JOB_WIDE_PREFIXES = telemetry.JOB_WIDE_PREFIXES
 
 
 class Reduce(StrEnum):

@@ -29,9 +29,9 @@ class PromptSource:
                                "prompt, ground_truth and data_source columns")
         overlong = _OVERLONG[data.truncation]
         self.train = PromptDataset(list(data.train_files), tokenizer, data.max_prompt_length,
-                                   overlong=overlong)
+                                   overlong=overlong, prompt_key=data.prompt_key)
         self.val = (PromptDataset(list(data.val_files), tokenizer, data.max_prompt_length,
-                                  overlong=overlong)
+                                  overlong=overlong, prompt_key=data.prompt_key)
                     if data.val_files else None)
         self.loader = StatefulPromptLoader(self.train, data.train_batch_size,
                                            shuffle=data.shuffle, seed=data.seed)

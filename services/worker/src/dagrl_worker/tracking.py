@@ -12,10 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any, Protocol
 
+from dagrl import telemetry
 from dagrl.config import JobConfig
 
-_HEADLINE = ("critic/score/mean", "actor/pg_loss", "actor/entropy", "response_length/mean",
-             "perf/throughput", "perf/time_per_step")
+_HEADLINE = (telemetry.KEY_SCORE_MEAN, telemetry.KEY_ACTOR_PG_LOSS, telemetry.KEY_ACTOR_ENTROPY,
+             telemetry.KEY_RESPONSE_LENGTH_MEAN, telemetry.KEY_THROUGHPUT,
+             telemetry.KEY_TIME_PER_STEP)
 
 
 class Backend(Protocol):
@@ -27,7 +29,8 @@ class Backend(Protocol):
 class ConsoleBackend:
     def log(self, metrics: dict[str, float], step: int) -> None:
         shown = [f"{k}={metrics[k]:.4g}" for k in _HEADLINE if k in metrics]
-        shown += [f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k.startswith("val/")]
+        shown += [f"{k}={v:.4g}" for k, v in sorted(metrics.items())
+                  if k.startswith(telemetry.KEY_VAL_PREFIX)]
         print(f"step {step}: " + " ".join(shown), file=sys.stderr, flush=True)
 
     def close(self) -> None:

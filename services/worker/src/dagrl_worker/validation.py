@@ -7,39 +7,59 @@ parameters (`StepContext.validating`). Data moves as in training: through the lo
 or, between layouts (agents spread over ranks), through the databuffer, in a namespace of its
 own (`dagrl_databuffer.keys.validation_namespace`) so it never meets a training step's edges.
 
-The validation set goes through in chunks of about `CHUNK_PROMPTS` prompts per entry rank; every
-rank walks every chunk (a chunk's entry nodes take their dp share of it; a rank whose share is
-empty passes an empty batch on). Only edges between validation nodes are written. The ranks that
-hold a final reward node record `val/<data_source>/{accuracy, mean@n, best@n}` (under
-`val/agent{g}/` when the workflow has several agents) and the rollouts' `num_turns/`,
-`response_length/`, `tool/` figures under `val/`; the driver merges the per-rank summaries
-(weighted by sample and prompt counts), so the figures are exact means over the whole validation
-set.
+The validation set goes through in chunks of `data.val_batch_size` prompts (default: about
+`CHUNK_PROMPTS` per entry rank); every rank walks every chunk (a chunk's entry nodes take their
+dp share of it; a rank whose share is empty passes an empty batch on). Only edges between
+validation nodes are written. The ranks that hold a final reward node record
+`val/<data_source>/{accuracy, mean@n, best@n}` (under `val/agent{g}/` when the workflow has
+several agents) and the rollouts' `num_turns/`, `response_length/`, `tool/` figures under
+`val/`; the driver merges the per-rank summaries (weighted by sample and prompt counts), so the
+figures are exact means over the whole validation set.
+
+The DAGWorker hands over what a pass needs as a `ValidationRun` (the workflow and plan, its
+nodes on this rank, how to run them, the router and a validating step context); this module
+never sees the worker itself.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
+from dagrl import telemetry
 from dagrl.batch import Batch
 from dagrl.workflow import NodeRole, TaskGraph
-from dagrl_databuffer.keys import validation_namespace
-from dagrl_worker.dataflow import EdgeRouter
+from dagrl_worker.dataflow import EdgeRouter, ShardStore
 from dagrl_worker.executors.base import StepContext
 from dagrl_worker.executors.models import val_sampling
 from dagrl_worker.metrics import MetricSink, Reduce, Summary
-from dagrl_worker.prompt_source import PromptSource
-
-if TYPE_CHECKING:
-    from dagrl_worker.dag_worker import DAGWorker
+from dagrl_worker.plan_view import PlanView
+from dagrl_worker.prompts import PromptRows
 
 CHUNK_PROMPTS = 64
 # the rollout figures a validation pass reports (under val/); the rest stay training's
-_REPORTED = ("num_turns/", "response_length/", "tool/")
+_REPORTED = telemetry.ROLLOUT_METRIC_PREFIXES
+
+# Runs some of a rank's nodes once (`DAGWorker.walk`): (ctx, global prompts, node ids,
+# router, uid tag) -> None.
+Walk = Callable[[StepContext, PromptRows, list[str], EdgeRouter, str], None]
+
+
+@dataclass(frozen=True)
+class ValidationRun:
+    """What one validation pass on one rank needs, and nothing more."""
+
+    graph: TaskGraph
+    plan: PlanView
+    order: list[str]  # this rank's validation nodes, in topological order
+    walk: Walk
+    router: EdgeRouter  # edges between validation nodes (`validation_router`)
+    context: StepContext  # validating=True; its step is set per chunk, its sink is scratch
 
 
 def final_rewards(graph: TaskGraph) -> list[str]:
@@ -55,42 +75,50 @@ def validation_nodes(graph: TaskGraph) -> set[str]:
     return {*finals, *(a for n in finals for a in graph.ancestors(n))}
 
 
-def validate_workflow(worker: DAGWorker, source: PromptSource, step: int) -> Summary:
-    """This rank's part of a validation pass after training step `step` (0: before any)."""
+def validation_router(graph: TaskGraph, plan: PlanView, rank: int, store: ShardStore | None,
+                      namespace: str) -> EdgeRouter:
+    """The edges between validation nodes, under a databuffer namespace of their own
+    (`dagrl_databuffer.keys.validation_namespace`)."""
+    return EdgeRouter(graph, plan, rank, namespace, store, balance_batch=False,
+                      running=frozenset(validation_nodes(graph)))
+
+
+def validate_workflow(run: ValidationRun, rows: PromptRows) -> Summary:
+    """This rank's part of a validation pass over the validation prompts `rows`."""
     sink = MetricSink()
-    wanted = validation_nodes(worker.graph)
-    order = [n for n in worker.order if n in wanted]
-    rows = source.val_rows(0, 1)
+    wanted = validation_nodes(run.graph)
     if not wanted or not rows:
         return sink.summary()
-    router = EdgeRouter(worker.graph, worker.plan, worker.rank,
-                        validation_namespace(worker.data_job, step), worker.store,
-                        balance_batch=False, running=frozenset(wanted))
-    finals = [n for n in final_rewards(worker.graph) if n in order]
+    finals = [n for n in final_rewards(run.graph) if n in run.order]
     scored: dict[str, list[Batch]] = {n: [] for n in finals}
-    scratch = MetricSink()
     count = len(rows["index"])
-    entry_dp = max(worker.plan.layout(n).dp_size for n in wanted
-                   if not worker.graph.parents(n))
-    chunks = max(1, math.ceil(count / (CHUNK_PROMPTS * entry_dp)))
+    chunks = max(1, math.ceil(count / _chunk_prompts(run, wanted)))
     for chunk in range(chunks):
         start, stop = chunk * count // chunks, (chunk + 1) * count // chunks
         prompts = {key: values[start:stop] for key, values in rows.items()}
-        ctx = StepContext(chunk, worker.rank, worker.config, scratch, worker.kl_controller,
-                          validating=True)
-        worker.walk(ctx, prompts, order, router, tag=".val")
+        run.walk(dataclasses.replace(run.context, step=chunk), prompts, run.order, run.router,
+                 ".val")
         for node_id in finals:
-            scored[node_id].append(router.local[node_id])
-        router.clear()
-    n = val_sampling(worker.config).n
+            scored[node_id].append(run.router.local[node_id])
+        run.router.clear()
+    n = val_sampling(run.context.config).n
+    is_multi_agent = len(run.graph.agent_groups()) > 1
     for node_id, batches in scored.items():
-        agent = worker.graph[node_id].agent_group
-        _record(sink.scoped(f"val/agent{agent}/" if worker.is_multi_agent else "val/"),
-                batches, n)
-    for name, (reducer, value, weight) in scratch.summary().items():
+        scope = telemetry.agent_prefix(run.graph[node_id].agent_group) if is_multi_agent else ""
+        _record(sink.scoped(f"{telemetry.KEY_VAL_PREFIX}{scope}"), batches, n)
+    for name, (reducer, value, weight) in run.context.sink.summary().items():
         if name.startswith(_REPORTED) or name.split("/", 1)[-1].startswith(_REPORTED):
-            sink.add(f"val/{name}", value, Reduce(reducer), weight)
+            sink.add(f"{telemetry.KEY_VAL_PREFIX}{name}", value, Reduce(reducer), weight)
     return sink.summary()
+
+
+def _chunk_prompts(run: ValidationRun, wanted: set[str]) -> int:
+    """Prompts per chunk: `data.val_batch_size`, else `CHUNK_PROMPTS` per entry rank."""
+    configured = run.context.config.data.val_batch_size
+    if configured is not None:
+        return configured
+    entry_dp = max(run.plan.layout(n).dp_size for n in wanted if not run.graph.parents(n))
+    return CHUNK_PROMPTS * entry_dp
 
 
 def _record(sink: MetricSink, batches: list[Batch], n: int) -> None:
@@ -104,8 +132,9 @@ def _record(sink: MetricSink, batches: list[Batch], n: int) -> None:
             by_group[(source, group)].append(score)
     for source, scores in by_source.items():
         mean = float(torch.tensor(scores).mean())
-        sink.add(f"{source}/accuracy", mean, Reduce.MEAN, weight=len(scores))
-        sink.add(f"{source}/mean@{n}", mean, Reduce.MEAN, weight=len(scores))
+        accuracy, mean_at_n, best_at_n = telemetry.val_source_keys(source, n)
+        sink.add(accuracy, mean, Reduce.MEAN, weight=len(scores))
+        sink.add(mean_at_n, mean, Reduce.MEAN, weight=len(scores))
         bests = [max(v) for (s, _g), v in by_group.items() if s == source]
-        sink.add(f"{source}/best@{n}", sum(bests) / len(bests), Reduce.MEAN,
+        sink.add(best_at_n, sum(bests) / len(bests), Reduce.MEAN,
                  weight=len(bests))

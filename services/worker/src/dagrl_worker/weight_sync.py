@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from dagrl.workflow import NodeRole, NodeType, TaskGraph
+from dagrl.workflow.model_use import MODEL_USE
 from dagrl_worker.executors.base import AgentModels
 from dagrl_worker.plan_view import PlanView
 from dagrl_worker.weight_layout import TensorSpec, plan_buckets, specs_of
@@ -40,10 +41,6 @@ class SyncGroup:
     role: NodeRole
     source: int  # the first rank that trains the model
     ranks: tuple[int, ...]  # source first, then the receivers
-
-
-# The roles whose nodes run each model without training it: the actor's serves the rollout.
-_USERS = {NodeRole.ACTOR: (NodeRole.ACTOR, NodeRole.ROLLOUT), NodeRole.CRITIC: (NodeRole.CRITIC,)}
 
 
 def trainer_ranks(graph: TaskGraph, plan: PlanView, agent: int, role: NodeRole) -> set[int]:
@@ -64,9 +61,9 @@ def sync_groups(graph: TaskGraph, plan: PlanView) -> list[SyncGroup]:
     """One group per (agent, model) used on ranks that do not train it, in a fixed order."""
     groups = []
     for agent in graph.agent_groups():
-        for role, users in _USERS.items():
+        for role, use in MODEL_USE.items():  # the reference loads the policy, never synced
             trainers = trainer_ranks(graph, plan, agent, role)
-            receivers = sorted(role_ranks(graph, plan, agent, users) - trainers)
+            receivers = sorted(role_ranks(graph, plan, agent, use.synced) - trainers)
             if trainers and receivers:
                 source = min(trainers)
                 groups.append(SyncGroup(agent, role, source, (source, *receivers)))
@@ -141,7 +138,7 @@ def plan_model_syncs(graph: TaskGraph, plan: PlanView, rank: int,
     by_key = {(g.agent_group, g.role): (g, h) for g, h in groups}
     syncs = []
     for agent in graph.agent_groups():
-        for role in (NodeRole.ACTOR, NodeRole.CRITIC):
+        for role in MODEL_USE:  # the order sync_groups uses
             trainers = trainer_ranks(graph, plan, agent, role)
             group, handle = by_key.get((agent, role), (None, None))
             local = models.get(agent)

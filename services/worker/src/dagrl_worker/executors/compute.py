@@ -66,13 +66,17 @@ class RewardExecutor:
 def _report_scores(ctx: StepContext, scores: torch.Tensor, rows: int) -> None:
     if rows == 0:
         return
-    ctx.sink.add("critic/score/mean", float(scores.mean()), Reduce.MEAN, weight=rows)
-    ctx.sink.add("critic/score/max", float(scores.max()), Reduce.MAX)
-    ctx.sink.add("critic/score/min", float(scores.min()), Reduce.MIN)
+    ctx.sink.add(telemetry.KEY_SCORE_MEAN, float(scores.mean()), Reduce.MEAN, weight=rows)
+    ctx.sink.add(telemetry.KEY_SCORE_MAX, float(scores.max()), Reduce.MAX)
+    ctx.sink.add(telemetry.KEY_SCORE_MIN, float(scores.min()), Reduce.MIN)
 
 
 class AdvantageExecutor:
-    """Token-level rewards (scores, minus a KL penalty when configured) -> advantages."""
+    """Token-level rewards (scores, minus a KL penalty when configured) -> advantages.
+
+    `algorithm.norm_adv_by_std_in_grpo: false` makes "grpo" Dr.GRPO: score minus the group
+    mean, without dividing by the group's std (the "drgrpo" estimator does the same).
+    """
 
     def __init__(self, estimator: str) -> None:
         self.estimator = estimator
@@ -85,29 +89,32 @@ class AdvantageExecutor:
             kl = kl_penalty(batch.tensors["old_log_probs"], batch.tensors["ref_log_probs"],
                             algorithm.kl_penalty)
             rewards, mean_kl = apply_kl_penalty(rewards, kl, mask, ctx.kl_controller.value)
-            ctx.sink.add("actor/reward_kl_penalty", float(mean_kl), Reduce.MEAN,
+            ctx.sink.add(telemetry.KEY_REWARD_KL_PENALTY, float(mean_kl), Reduce.MEAN,
                          weight=len(batch))
-            ctx.sink.add("actor/reward_kl_penalty_coeff", ctx.kl_controller.value, Reduce.MAX)
+            ctx.sink.add(telemetry.KEY_REWARD_KL_PENALTY_COEFF, ctx.kl_controller.value, Reduce.MAX)
             ctx.kl_controller.update(float(mean_kl), len(batch))
         inputs = AdvantageInputs(
             token_level_rewards=rewards, response_mask=mask,
             values=batch.tensors.get("values"), group_ids=batch.group_ids,
-            gamma=algorithm.gamma, lam=algorithm.lam)
+            gamma=algorithm.gamma, lam=algorithm.lam,
+            norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo)
         advantages, returns = compute_advantage(self.estimator, inputs)
         tokens = response_tokens(batch)
         token_mean = lambda t: float((t * mask).sum() / max(tokens, 1.0))  # noqa: E731
-        ctx.sink.add("critic/rewards/mean", float(rewards.sum(dim=1).mean()), Reduce.MEAN,
+        ctx.sink.add(telemetry.KEY_REWARDS_MEAN, float(rewards.sum(dim=1).mean()), Reduce.MEAN,
                      weight=len(batch))
-        ctx.sink.add("critic/advantages/mean", token_mean(advantages), Reduce.MEAN, weight=tokens)
-        ctx.sink.add("critic/returns/mean", token_mean(returns), Reduce.MEAN, weight=tokens)
+        ctx.sink.add(telemetry.KEY_ADVANTAGES_MEAN, token_mean(advantages), Reduce.MEAN,
+                     weight=tokens)
+        ctx.sink.add(telemetry.KEY_RETURNS_MEAN, token_mean(returns), Reduce.MEAN, weight=tokens)
         return batch.with_fields(tensors={"token_level_rewards": rewards,
                                           "advantages": advantages, "returns": returns})
 
 
 class DynamicSamplingExecutor:
-    """DAPO dynamic sampling: keep only groups whose scores differ; draw more prompts
-    (rerunning the upstream nodes) until this rank holds its share of prompts, or the
-    configured number of generation rounds is spent."""
+    """DAPO dynamic sampling: keep only groups whose samples differ in
+    `algorithm.filter_groups.metric` (`filter_values`); draw more prompts (rerunning the
+    upstream nodes) until this rank holds its share of prompts, or the configured number of
+    generation rounds is spent."""
 
     def __init__(self, node_id: str, target_groups: int) -> None:
         self.node_id = node_id
@@ -115,28 +122,46 @@ class DynamicSamplingExecutor:
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
         limit = ctx.config.algorithm.filter_groups.max_num_gen_batches
-        kept, rounds, dropped = [self._informative(batch)], 1, 0
+        metric = ctx.config.algorithm.filter_groups.metric
+        kept, rounds, dropped = [_informative(batch, metric)], 1, 0
         dropped += _group_count(batch) - _group_count(kept[0])
         while sum(_group_count(b) for b in kept) < self.target_groups and (
                 limit == 0 or rounds < limit) and ctx.regenerate is not None:
             more = ctx.regenerate(self.node_id, rounds)
-            informative = self._informative(more)
+            informative = _informative(more, metric)
             dropped += _group_count(more) - _group_count(informative)
             kept.append(informative)
             rounds += 1
         result = _first_groups(concat(kept), self.target_groups)
-        ctx.sink.add("dynamic_sampling/filtered_groups", dropped, Reduce.SUM)
-        ctx.sink.add("dynamic_sampling/kept_groups", _group_count(result), Reduce.SUM)
-        ctx.sink.add("dynamic_sampling/generation_rounds", rounds, Reduce.MAX)
+        ctx.sink.add(telemetry.KEY_DYNAMIC_SAMPLING_FILTERED_GROUPS, dropped, Reduce.SUM)
+        ctx.sink.add(telemetry.KEY_DYNAMIC_SAMPLING_KEPT_GROUPS, _group_count(result), Reduce.SUM)
+        ctx.sink.add(telemetry.KEY_DYNAMIC_SAMPLING_ROUNDS, rounds, Reduce.MAX)
         return result
 
-    def _informative(self, batch: Batch) -> Batch:
-        scores = sequence_scores(batch).tolist()
-        by_group: dict[str, set[float]] = {}
-        for group, score in zip(batch.group_ids, scores, strict=True):
-            by_group.setdefault(group, set()).add(score)
-        keep = [i for i, g in enumerate(batch.group_ids) if len(by_group[g]) > 1]
-        return batch.select(keep)
+
+def filter_values(batch: Batch, metric: str) -> torch.Tensor:
+    """The per-sample value dynamic sampling compares within a group. # [B]
+
+    "score" and "seq_reward": the sample's total score, the sum of its token_level_scores
+    (verl's seq_reward; dagrl's reward functions return one number, so "score" is that too).
+    "acc": whether the sample is right, total score > 0 (1.0 or 0.0): with partial-credit
+    rewards a group of only wrong-but-different answers carries no correctness signal and is
+    dropped. Rewards here carry no separate correctness column, so this is the definition.
+    """
+    scores = sequence_scores(batch)
+    if metric == "acc":
+        return (scores > 0).float()
+    return scores
+
+
+def _informative(batch: Batch, metric: str) -> Batch:
+    """The groups of `batch` whose samples do not all have the same `metric` value."""
+    values = filter_values(batch, metric).tolist()
+    by_group: dict[str, set[float]] = {}
+    for group, value in zip(batch.group_ids, values, strict=True):
+        by_group.setdefault(group, set()).add(value)
+    keep = [i for i, g in enumerate(batch.group_ids) if len(by_group[g]) > 1]
+    return batch.select(keep)
 
 
 def _group_count(batch: Batch) -> int:

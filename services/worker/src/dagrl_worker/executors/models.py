@@ -62,14 +62,15 @@ class RolloutExecutor:
             lengths = out.tensors["response_mask"].sum(dim=1).float()  # [B]
             span.set_batch_size(len(out))
             span.add_tokens(int(lengths.sum()))
-        ctx.sink.add("tokens/generated", float(lengths.sum()), Reduce.SUM)
+        ctx.sink.add(telemetry.KEY_TOKENS_GENERATED, float(lengths.sum()), Reduce.SUM)
         if len(out) == 0:  # an empty shard: no lengths to report
             return out
-        ctx.sink.add("response_length/mean", float(lengths.mean()), Reduce.MEAN,
+        ctx.sink.add(telemetry.KEY_RESPONSE_LENGTH_MEAN, float(lengths.mean()), Reduce.MEAN,
                      weight=len(out))
-        ctx.sink.add("response_length/max", float(lengths.max()), Reduce.MAX)
+        ctx.sink.add(telemetry.KEY_RESPONSE_LENGTH_MAX, float(lengths.max()), Reduce.MAX)
         clipped = (lengths >= params.max_new_tokens).float().mean()
-        ctx.sink.add("response_length/clip_ratio", float(clipped), Reduce.MEAN, weight=len(out))
+        ctx.sink.add(telemetry.KEY_RESPONSE_LENGTH_CLIP_RATIO, float(clipped), Reduce.MEAN,
+                     weight=len(out))
         return out
 
 
@@ -139,13 +140,19 @@ def _plan(config: JobConfig, mini_batch_size: int, micro: int, epochs: int) -> M
 
 class ActorTrainExecutor:
     """ACTOR: PPO/GSPO policy update (with the rollout correction when configured). The new
-    weights reach the rollout backends after the step (`DAGWorker._sync_weights`)."""
+    weights reach the rollout backends after the step (`DAGWorker._sync_weights`).
+
+    With `actor.use_rollout_log_probs` and no forward-only ACTOR node upstream, the rollout's
+    log-probs are the old log-probs here (what that node would have done without a pass).
+    """
 
     def __init__(self, engine: TrainEngine) -> None:
         self.engine = engine
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
         actor = ctx.config.actor_rollout_ref.actor
+        if actor.use_rollout_log_probs and "old_log_probs" not in batch:
+            batch = batch.with_fields(tensors={"old_log_probs": require_rollout_log_probs(batch)})
         plan = _plan(ctx.config, actor.ppo_mini_batch_size,
                      actor.ppo_micro_batch_size_per_rank, actor.ppo_epochs)
         correction = ctx.config.algorithm.rollout_correction
@@ -153,7 +160,8 @@ class ActorTrainExecutor:
             require_rollout_log_probs(batch)
         update_actor(self.engine, batch, ActorUpdate(actor, correction, _temperature(ctx)),
                      plan, ctx.sink)
-        ctx.sink.add("tokens/trained", response_tokens(batch) * actor.ppo_epochs, Reduce.SUM)
+        ctx.sink.add(telemetry.KEY_TOKENS_TRAINED, response_tokens(batch) * actor.ppo_epochs,
+                     Reduce.SUM)
         return batch
 
 

@@ -71,13 +71,13 @@ class MultiTurnRolloutExecutor:
         count = len(episodes)
         turns = [e.num_turns for e in episodes]
         tool_calls = sum(e.tool_calls for e in episodes)
-        ctx.sink.add("num_turns/mean", sum(turns) / count, Reduce.MEAN, weight=count)
-        ctx.sink.add("num_turns/max", float(max(turns)), Reduce.MAX)
-        ctx.sink.add("tool/calls", tool_calls, Reduce.SUM)
-        ctx.sink.add("tool/errors", sum(e.tool_errors for e in episodes), Reduce.SUM)
-        ctx.sink.add("tool/calls_per_episode/mean", tool_calls / count, Reduce.MEAN,
+        ctx.sink.add(telemetry.KEY_NUM_TURNS_MEAN, sum(turns) / count, Reduce.MEAN, weight=count)
+        ctx.sink.add(telemetry.KEY_NUM_TURNS_MAX, float(max(turns)), Reduce.MAX)
+        ctx.sink.add(telemetry.KEY_TOOL_CALLS, tool_calls, Reduce.SUM)
+        ctx.sink.add(telemetry.KEY_TOOL_ERRORS, sum(e.tool_errors for e in episodes), Reduce.SUM)
+        ctx.sink.add(telemetry.KEY_TOOL_CALLS_PER_EPISODE_MEAN, tool_calls / count, Reduce.MEAN,
                      weight=count)
-        ctx.sink.add("response_length/mean", float(policy_tokens.mean()), Reduce.MEAN,
+        ctx.sink.add(telemetry.KEY_RESPONSE_LENGTH_MEAN, float(policy_tokens.mean()), Reduce.MEAN,
                      weight=count)
-        ctx.sink.add("response_length/max", float(policy_tokens.max()), Reduce.MAX)
-        ctx.sink.add("tokens/generated", float(policy_tokens.sum()), Reduce.SUM)
+        ctx.sink.add(telemetry.KEY_RESPONSE_LENGTH_MAX, float(policy_tokens.max()), Reduce.MAX)
+        ctx.sink.add(telemetry.KEY_TOKENS_GENERATED, float(policy_tokens.sum()), Reduce.SUM)

@@ -38,7 +38,8 @@ from dagrl_worker.rollout.base import (
 class HFRollout:
     """Generate with a Hugging Face causal LM (a module shared with the actor, or its own)."""
 
-    def __init__(self, module: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+    def __init__(self, module: PreTrainedModel | torch.nn.Module,
+                 tokenizer: PreTrainedTokenizerBase,
                  shares_actor_weights: bool = False) -> None:
         self.module = module
         self.pad_token_id = int(tokenizer.pad_token_id)

@@ -129,8 +129,8 @@ class VLLMRollout:
                   ) -> list[tuple[list[int], list[float]]]:
         ids = samples.tensors["prompt_ids"]  # [B, P]
         attended = samples.tensors["prompt_mask"].bool()  # [B, P]
-        requests = [{"prompt_token_ids": row[mask].tolist()}
-                    for row, mask in zip(ids, attended, strict=True)]
+        requests: list[Any] = [{"prompt_token_ids": row[mask].tolist()}  # TokensPrompt
+                               for row, mask in zip(ids, attended, strict=True)]
         uids = samples.uids if params.seed is not None else [None] * len(samples)
         sampling = [self._sampling_params(params, uid) for uid in uids]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
@@ -138,8 +138,9 @@ class VLLMRollout:
         for output in outputs:
             completion = output.outputs[0]
             tokens = list(completion.token_ids)
+            entries: list[Any] = list(completion.logprobs or [])  # one {token: Logprob} each
             chosen = [float(entry[token].logprob)
-                      for entry, token in zip(completion.logprobs or [], tokens, strict=True)]
+                      for entry, token in zip(entries, tokens, strict=True)]
             results.append((tokens, chosen))
         return results
 

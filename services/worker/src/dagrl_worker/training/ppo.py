@@ -79,15 +79,20 @@ def masked_out_row(template: Batch) -> Batch:
     return row.with_fields(tensors={"response_mask": silent})
 
 
-def run_minibatches(engine: TrainEngine, rows: Batch, plan: MiniBatchPlan, mode: str,
-                    micro_step: Callable[[Batch, float], None],
-                    sink: MetricSink) -> list[float]:
-    """Drive epochs x mini-batches x micro-batches; returns the grad norm of each step.
+@dataclass(frozen=True)
+class MicroStep:
+    """One micro-batch's forward + backward, as `run_minibatches` drives it."""
 
-    `micro_step(micro_batch, loss_scale)` runs forward + backward of one micro-batch.
-    """
+    run: Callable[[Batch, float], None]  # (micro-batch, loss scale) -> backward done
+    loss_agg_mode: str  # what the loss scale normalises by (tokens or sequences)
+    span_name: str  # each model's micro-steps are traced under a name of their own
+
+
+def run_minibatches(engine: TrainEngine, rows: Batch, plan: MiniBatchPlan, step: MicroStep,
+                    sink: MetricSink) -> list[float]:
+    """Drive epochs x mini-batches x micro-batches; returns the grad norm of each step."""
     grad_norms = []
-    template = rows
+    template, mode = rows, step.loss_agg_mode
     for _epoch in range(plan.epochs):
         for mini in rows.chunk(plan.mini_batches):
             mask = mini.tensors["response_mask"]
@@ -99,8 +104,8 @@ def run_minibatches(engine: TrainEngine, rows: Batch, plan: MiniBatchPlan, mode:
                 local = 0.0 if is_padding else _denominator(batch.tensors["response_mask"], mode)
                 scale = engine.dp.size * local / max(global_denominator, 1.0)
                 with engine.accumulate(index == len(micros) - 1), telemetry.phase_span(
-                        telemetry.SPAN_ACTOR_FORWARD_BACKWARD) as span, sink.compute():
-                    micro_step(batch, scale)
+                        step.span_name) as span, sink.compute():
+                    step.run(batch, scale)
                     span.add_tokens(int(batch.tensors["response_mask"].sum()))
             with telemetry.phase_span(telemetry.SPAN_OPTIMIZER_STEP), sink.compute():
                 grad_norms.append(engine.optimizer_step())
@@ -171,22 +176,26 @@ def update_actor(engine: TrainEngine, rows: Batch, update: ActorUpdate, plan: Mi
         if entropy is not None:
             entropy_loss = agg_loss(entropy, mask, mode)
             loss = loss - config.entropy_coeff * entropy_loss
-            sink.add("actor/entropy", float(entropy_loss.detach()), Reduce.MEAN, weight=tokens)
+            sink.add(telemetry.KEY_ACTOR_ENTROPY, float(entropy_loss.detach()), Reduce.MEAN,
+                     weight=tokens)
         if config.use_kl_loss:
             kl = kl_penalty(log_prob, batch.tensors["ref_log_probs"], config.kl_loss_type)
             kl_loss = agg_loss(kl, mask, mode)
             loss = loss + config.kl_loss_coef * kl_loss
-            sink.add("actor/kl_loss", float(kl_loss.detach()), Reduce.MEAN, weight=tokens)
+            sink.add(telemetry.KEY_ACTOR_KL_LOSS, float(kl_loss.detach()), Reduce.MEAN,
+                     weight=tokens)
         (loss * scale).backward()
-        sink.add("actor/pg_loss", float(pg_loss.detach()), Reduce.MEAN, weight=tokens)
-        sink.add("actor/pg_clipfrac", float(stats.pg_clipfrac), Reduce.MEAN, weight=tokens)
-        sink.add("actor/pg_clipfrac_lower", float(stats.pg_clipfrac_lower), Reduce.MEAN,
+        sink.add(telemetry.KEY_ACTOR_PG_LOSS, float(pg_loss.detach()), Reduce.MEAN, weight=tokens)
+        sink.add(telemetry.KEY_ACTOR_PG_CLIPFRAC, float(stats.pg_clipfrac), Reduce.MEAN,
                  weight=tokens)
-        sink.add("actor/ppo_kl", float(stats.ppo_kl), Reduce.MEAN, weight=tokens)
+        sink.add(telemetry.KEY_ACTOR_PG_CLIPFRAC_LOWER, float(stats.pg_clipfrac_lower), Reduce.MEAN,
+                 weight=tokens)
+        sink.add(telemetry.KEY_ACTOR_PPO_KL, float(stats.ppo_kl), Reduce.MEAN, weight=tokens)
 
-    for grad_norm in run_minibatches(engine, rows, plan, mode, micro_step, sink):
-        sink.add("actor/grad_norm", grad_norm, Reduce.MEAN)
-    sink.add("actor/lr", engine.lr, Reduce.MAX)
+    step = MicroStep(micro_step, mode, telemetry.SPAN_ACTOR_FORWARD_BACKWARD)
+    for grad_norm in run_minibatches(engine, rows, plan, step, sink):
+        sink.add(telemetry.KEY_ACTOR_GRAD_NORM, grad_norm, Reduce.MEAN)
+    sink.add(telemetry.KEY_ACTOR_LR, engine.lr, Reduce.MAX)
 
 
 def update_critic(engine: TrainEngine, rows: Batch, config: CriticConfig,
@@ -202,12 +211,13 @@ def update_critic(engine: TrainEngine, rows: Batch, config: CriticConfig,
             config.cliprange_value, mode)
         (vf_loss * scale).backward()
         tokens = float(mask.sum())
-        sink.add("critic/vf_loss", float(vf_loss.detach()), Reduce.MEAN, weight=tokens)
-        sink.add("critic/vf_clipfrac", float(vf_clipfrac), Reduce.MEAN, weight=tokens)
+        sink.add(telemetry.KEY_CRITIC_VF_LOSS, float(vf_loss.detach()), Reduce.MEAN, weight=tokens)
+        sink.add(telemetry.KEY_CRITIC_VF_CLIPFRAC, float(vf_clipfrac), Reduce.MEAN, weight=tokens)
 
-    for grad_norm in run_minibatches(engine, rows, plan, mode, micro_step, sink):
-        sink.add("critic/grad_norm", grad_norm, Reduce.MEAN)
-    sink.add("critic/lr", engine.lr, Reduce.MAX)
+    step = MicroStep(micro_step, mode, telemetry.SPAN_CRITIC_FORWARD_BACKWARD)
+    for grad_norm in run_minibatches(engine, rows, plan, step, sink):
+        sink.add(telemetry.KEY_CRITIC_GRAD_NORM, grad_norm, Reduce.MEAN)
+    sink.add(telemetry.KEY_CRITIC_LR, engine.lr, Reduce.MAX)
 
 
 @torch.no_grad()

@@ -1,0 +1,126 @@
+"""Rules that span a job's config and its workflow, checked before anything starts.
+
+The config's sections check themselves (`dagrl.config.job`) and a workflow checks its own
+shape (`dagrl.workflow`); what needs both lives here, so the scheduler (PlanJob, SubmitJob),
+`dagrl run` and the worker refuse the same jobs in the same words (`dagrl.rpc.jobspec` calls
+`check_job`). Checks read names and flags only: no path is read and no code is imported.
+
+Owns `PRODUCED_BY` (which node adds each field the built-in executors read) and `model_path`
+(which checkpoint an agent's policy or critic starts from).
+"""
+
+from __future__ import annotations
+
+from dagrl.config import JobConfig, node_config
+from dagrl.errors import ConfigError
+from dagrl.workflow import Node, NodeRole, NodeType, TaskGraph
+from dagrl.workflow.model_use import MODEL_USE
+
+# The node that adds each field the built-in executors read.
+PRODUCED_BY = {
+    "responses": "a ROLLOUT node (MODEL_INFERENCE)",
+    "token_level_scores": "a REWARD node",
+    "advantages": "an ADVANTAGE node",
+    "old_log_probs": "an ACTOR node (MODEL_TRAIN) with only_forward_compute: true",
+    "ref_log_probs": "a REFERENCE node",
+    "values": "a CRITIC node (MODEL_TRAIN) with only_forward_compute: true",
+}
+
+
+def check_job(config: JobConfig, graph: TaskGraph, source: str | None = None) -> None:
+    """Raise one ConfigError listing every problem `job_problems` finds."""
+    problems = job_problems(config, graph)
+    if problems:
+        raise ConfigError(problems, source=source)
+
+
+def job_problems(config: JobConfig, graph: TaskGraph) -> list[str]:
+    """Every way `config` and `graph` do not fit together, each naming the key to change."""
+    node_problems = _node_config_problems(graph)
+    if node_problems:  # the other rules read the nodes' configs
+        return node_problems
+    return [*_checkpoint_problems(config, graph), *_old_log_prob_problems(config, graph)]
+
+
+def model_path(graph: TaskGraph, agent_group: int, role: NodeRole, config: JobConfig) -> str:
+    """The checkpoint of an agent's policy (`role` ACTOR) or critic (CRITIC): the
+    `config.model_path` of any node of the agent that loads that model (they must agree), else
+    the job's model paths ("" when none is set)."""
+    loaders = MODEL_USE[role].loads_checkpoint
+    given = {node.node_id: path for node in graph.nodes
+             if node.agent_group == agent_group and node.node_role in loaders
+             and (path := node_config(node.node_id, node.config).model_path)}
+    if len(set(given.values())) > 1:
+        named = ", ".join(f"{n!r}: {p}" for n, p in sorted(given.items()))
+        raise ConfigError(f"agent {agent_group}'s {role.name.lower()} model has one checkpoint, "
+                          f"but its nodes give different config.model_path ({named}); make "
+                          "them agree or set it on one node")
+    if given:
+        return next(iter(given.values()))
+    if role == NodeRole.CRITIC and config.critic.model.path:
+        return config.critic.model.path
+    return config.actor_rollout_ref.model.path
+
+
+def _node_config_problems(graph: TaskGraph) -> list[str]:
+    """Each node's `config:` (unknown keys, bad values, a reward_fn of the wrong form)."""
+    problems: list[str] = []
+    for node in graph.nodes:
+        try:
+            node_config(node.node_id, node.config)
+        except ConfigError as exc:
+            problems.extend(f"node {node.node_id!r}: config.{p}" for p in exc.problems)
+    return problems
+
+
+def _checkpoint_problems(config: JobConfig, graph: TaskGraph) -> list[str]:
+    """Every agent needs a policy checkpoint: its tokenizer tokenizes the prompts, and its
+    rollout, actor and reference start from it (an empty path used to fail at launch, inside
+    transformers, with a message about hub repo ids)."""
+    problems: list[str] = []
+    for agent in graph.agent_groups():
+        try:
+            path = model_path(graph, agent, NodeRole.ACTOR, config)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+            continue
+        if not path.strip():
+            whose = (f" and no node of agent {agent} sets config.model_path"
+                     if len(graph.agent_groups()) > 1 else "")
+            problems.append(
+                f"actor_rollout_ref.model.path is empty{whose}: set it to the policy's "
+                "checkpoint folder (config.json, weights and tokenizer files; `make demo` "
+                "builds one in outputs/arith/model)")
+    return problems
+
+
+def _old_log_prob_problems(config: JobConfig, graph: TaskGraph) -> list[str]:
+    """A policy update compares the new log-probs with the ones its samples were drawn with
+    (`old_log_probs`): a forward-only ACTOR node of the same agent must add them upstream,
+    unless the rollout engine's log-probs stand in for them (`use_rollout_log_probs`)."""
+    if config.actor_rollout_ref.actor.use_rollout_log_probs:
+        return []
+    problems: list[str] = []
+    for node in graph.nodes:
+        if not _is_actor_update(node):
+            continue
+        upstream = [graph[a] for a in graph.ancestors(node.node_id)]
+        if not any(_is_actor_forward(u) and u.agent_group == node.agent_group for u in upstream):
+            problems.append(
+                f"node {node.node_id!r} (ACTOR, MODEL_TRAIN) updates agent {node.agent_group}'s "
+                "policy against the log-probs its samples were drawn with (old_log_probs), but "
+                f"no node upstream of it adds them: add {PRODUCED_BY['old_log_probs']} of "
+                f"agent_group {node.agent_group} before it (as the built-in grpo workflow's "
+                "old_log_prob node), or set actor_rollout_ref.actor.use_rollout_log_probs: true "
+                "to train on the rollout engine's log-probs")
+    return problems
+
+
+def _is_actor_update(node: Node) -> bool:
+    return (node.node_role == NodeRole.ACTOR and node.node_type == NodeType.MODEL_TRAIN
+            and not node.only_forward_compute)
+
+
+def _is_actor_forward(node: Node) -> bool:
+    return (node.node_role == NodeRole.ACTOR and node.node_type == NodeType.MODEL_TRAIN
+            and node.only_forward_compute)

@@ -1,0 +1,83 @@
+"""Jobs that would fail at launch are refused by a real scheduler (real gRPC server on a random
+port, real Redis) with INVALID_ARGUMENT naming the key: PlanJob and SubmitJob, before anything
+is stored or launched (issue #12, item 8)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import redis
+
+from dagrl.local.redis_server import LocalRedis
+from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from dagrl_scheduler.config import SchedulerConfig
+from dagrl_scheduler.server import SchedulerServer
+
+pytestmark = pytest.mark.integration
+
+FAKE_DRIVER = Path(__file__).resolve().parents[2] / "services/scheduler/tests/fake_driver.py"
+CONFIG = ("trainer: {nnodes: 1, n_ranks_per_node: 2, total_training_steps: 3}\n"
+          "actor_rollout_ref: {model: {path: /models/policy}}\n")
+NO_OLD_LOG_PROB = """\
+dag_id: no_old_log_prob
+nodes:
+  - {node_id: rollout, node_type: MODEL_INFERENCE, node_role: ROLLOUT}
+  - {node_id: reward, node_type: COMPUTE, node_role: REWARD, dependencies: [rollout]}
+  - {node_id: advantage, node_type: COMPUTE, node_role: ADVANTAGE, dependencies: [reward]}
+  - {node_id: actor_train, node_type: MODEL_TRAIN, node_role: ACTOR, dependencies: [advantage]}
+"""
+# (the job, a key the refusal must name)
+REFUSED = [
+    (scheduler_pb2.JobSpec(config_yaml="trainer: {n_ranks_per_node: 2}\n"),
+     "actor_rollout_ref.model.path is empty"),
+    (scheduler_pb2.JobSpec(config_yaml=CONFIG, overrides=["reward.reward_fn=score_it"]),
+     "reward: reward_fn 'score_it' is not 'module:function'"),
+    (scheduler_pb2.JobSpec(config_yaml=CONFIG, overrides=["trainer.total_training_steps=-3"]),
+     "trainer: total_training_steps must be >= 1 when set, got -3"),
+    (scheduler_pb2.JobSpec(config_yaml=CONFIG, workflow_yaml=NO_OLD_LOG_PROB,
+                           workflow_source="flows/no_old.yaml"),
+     "actor_rollout_ref.actor.use_rollout_log_probs"),
+]
+
+
+@pytest.fixture(scope="module")
+def scheduler(redis_server: LocalRedis,
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[SchedulerServer]:
+    url = redis_server.url.rsplit("/", 1)[0] + "/11"  # a database of this module's own
+    redis.Redis.from_url(url).flushdb()
+    server = SchedulerServer(SchedulerConfig(
+        port=0, redis_url=url, log_dir=str(tmp_path_factory.mktemp("logs")),
+        driver_command=(sys.executable, str(FAKE_DRIVER)), cancel_grace_s=5.0)).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def client(scheduler: SchedulerServer) -> scheduler_pb2_grpc.SchedulerServiceStub:
+    return scheduler_pb2_grpc.SchedulerServiceStub(grpc.insecure_channel(scheduler.address))
+
+
+@pytest.mark.parametrize(("spec", "key"), REFUSED,
+                         ids=["no_model_path", "reward_fn_form", "negative_steps", "no_old_lp"])
+def test_a_job_that_would_fail_at_launch_is_invalid_argument_naming_the_key(
+        client: scheduler_pb2_grpc.SchedulerServiceStub, spec: scheduler_pb2.JobSpec,
+        key: str) -> None:
+    for call, request in ((client.PlanJob, scheduler_pb2.PlanJobRequest(spec=spec)),
+                          (client.SubmitJob, scheduler_pb2.SubmitJobRequest(spec=spec))):
+        with pytest.raises(grpc.RpcError) as caught:
+            call(request, timeout=10)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert key in caught.value.details()
+    assert not client.ListJobs(scheduler_pb2.ListJobsRequest(), timeout=10).jobs
+
+
+def test_the_same_job_with_the_key_fixed_is_planned(
+        client: scheduler_pb2_grpc.SchedulerServiceStub) -> None:
+    fixed = scheduler_pb2.JobSpec(config_yaml=CONFIG, workflow_yaml=NO_OLD_LOG_PROB,
+                                  overrides=["actor_rollout_ref.actor.use_rollout_log_probs=true"])
+    plan = client.PlanJob(scheduler_pb2.PlanJobRequest(spec=fixed), timeout=10).plan
+    assert plan.dag_id == "no_old_log_prob" and plan.world_size == 2
