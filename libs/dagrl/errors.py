@@ -119,3 +119,11 @@ class ShardCorruptError(DataBufferError):
     def __init__(self, message: str, *, key: str) -> None:
         self.key = key
         super().__init__(message)
+
+
+class RunFolderBusyError(FailedPreconditionError):
+    """Another live job holds the run folder's lock (`dagrl_worker.run_lock`)."""
+
+
+class RunReportError(NotFoundError):
+    """`dagrl dashboard` found no metrics file in the folder it was given."""

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dagrl.cli import (
     cancel_cmd,
     config_cmd,
+    dashboard_cmd,
     plan_cmd,
     run_cmd,
     status_cmd,
@@ -26,7 +27,7 @@ from dagrl.cli import (
 from dagrl.errors import DagrlError
 
 _COMMANDS = (run_cmd, submit_cmd, status_cmd, watch_cmd, cancel_cmd, plan_cmd, trace_cmd,
-             config_cmd, workflow_cmd)
+             dashboard_cmd, config_cmd, workflow_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 
+from dagrl.charts import line_chart_svg
 from dagrl.rpc.gen.metrics.v1 import metrics_pb2
-from dagrl_metrics.charts import line_chart_svg, waterfall_svg
+from dagrl_metrics.charts import waterfall_svg
 from dagrl_metrics.dashboard import render_index, render_job, reward_metric_key
 
 T0 = 1_700_000_000_000_000_000

@@ -1,14 +1,14 @@
-"""Server-side SVG: the per-rank step waterfall and line charts. No JavaScript, no network.
+"""Server-side SVG: the per-rank step waterfall. No JavaScript, no network.
 
-This module computes the geometry; `templates/waterfall.svg` and `templates/line_chart.svg`
-draw it, escaping every name (`dagrl_metrics.templates`). Every element carries an id or class
-the browser test (and a curious user) can find: `svg#waterfall` with one `g.lane[data-rank]`
-per rank and `rect.node[data-node]` bars, and `svg#curve-<name>` charts with a `polyline.curve`.
+This module computes the geometry; `templates/waterfall.svg` draws it, escaping every name
+(`dagrl_metrics.templates`). Every element carries an id or class the browser test (and a
+curious user) can find: `svg#waterfall` with one `g.lane[data-rank]` per rank and
+`rect.node[data-node]` bars. The line charts (`svg#curve-<name>` with a `polyline.curve`) live
+in `dagrl.charts`, shared with the static run report (`dagrl dashboard`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from markupsafe import Markup
@@ -92,32 +92,6 @@ def _time_ticks(span_ns: float, scale: float) -> list[dict[str, str]]:
     return ticks
 
 
-def line_chart_svg(chart_id: str, title: str, points: Sequence[tuple[float, float]],
-                   unit: str = "") -> Markup:
-    """A small line chart of (step, value) points, min and max labelled."""
-    width, height, pad = 300, 160, 34
-    frame = {"chart_id": chart_id, "title": title, "unit": unit, "width": width,
-             "height": height, "pad": pad}
-    if not points:
-        return render("line_chart.svg", points=[], **frame)
-    xs, ys = [p[0] for p in points], [p[1] for p in points]
-    x_lo, x_hi = min(xs), max(xs) if max(xs) > min(xs) else min(xs) + 1
-    y_lo, y_hi = min(ys), max(ys)
-    if y_hi == y_lo:  # a flat line sits in the middle
-        pad_y = abs(y_lo) * 0.1 or 1.0
-        y_lo, y_hi = y_lo - pad_y, y_hi + pad_y
-
-    def at(x: float, y: float) -> tuple[str, str]:
-        px = pad + (x - x_lo) / (x_hi - x_lo) * (width - pad - 10)
-        py = height - 22 - (y - y_lo) / (y_hi - y_lo) * (height - 22 - 24)
-        return f"{px:.1f}", f"{py:.1f}"
-
-    drawn = [{"cx": cx, "cy": cy, "xy": f"{cx},{cy}", "step": f"{x:g}",
-              "value": _format_value(y)} for x, y in points for cx, cy in [at(x, y)]]
-    return render("line_chart.svg", points=drawn, y_hi=_format_value(y_hi),
-                  y_lo=_format_value(y_lo), x_lo=f"{x_lo:g}", x_hi=f"{x_hi:g}", **frame)
-
-
 def _nice_step(raw: float) -> float:
     if raw <= 0:
         return 1.0
@@ -141,7 +115,3 @@ def _floor_log10(value: float) -> int:
 
 def _format_seconds(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.3g} s"
-
-
-def _format_value(value: float) -> str:
-    return f"{value:.4g}"

@@ -1,5 +1,6 @@
 """HTML pages: the job list, and per job a step's waterfall, its node table, and the reward,
-throughput and step-time curves. Plain HTML with inline SVG from `charts`, rendered by the
+throughput and step-time curves. Plain HTML with inline SVG from `charts` and `dagrl.charts`
+(the line charts, shared with `dagrl dashboard`'s static report), rendered by the
 autoescaping templates of `dagrl_metrics.templates` (every name on the page comes from the
 unauthenticated OTLP port); the latest-step view refreshes itself every few seconds.
 """
@@ -10,9 +11,9 @@ from collections.abc import Sequence
 
 from markupsafe import Markup
 
+from dagrl.charts import line_chart_svg, reward_key
 from dagrl.rpc.gen.metrics.v1 import metrics_pb2
-from dagrl.telemetry import names
-from dagrl_metrics.charts import line_chart_svg, node_colors, waterfall_svg
+from dagrl_metrics.charts import node_colors, waterfall_svg
 from dagrl_metrics.templates import render
 
 _REFRESH_S = 5
@@ -43,17 +44,8 @@ def render_job(job_id: str, steps: Sequence[metrics_pb2.StepSummary],
 
 
 def reward_metric_key(steps: Sequence[metrics_pb2.StepSummary]) -> str | None:
-    """The step metric drawn as the reward curve: the standard key; in a multi-agent job the
-    last agent's (`agent{g}/critic/score/mean`, the chain's final answer); else one naming
-    reward."""
-    keys = {k for s in steps for k in s.metrics}
-    if names.STEP_METRIC_REWARD_MEAN in keys:
-        return names.STEP_METRIC_REWARD_MEAN
-    per_agent = [k for k in keys if k.endswith(f"/{names.STEP_METRIC_REWARD_MEAN}")]
-    if per_agent:
-        return max(per_agent, key=lambda k: (len(k), k))  # agent10 after agent9
-    candidates = sorted(k for k in keys if "reward" in k or "score" in k)
-    return candidates[0] if candidates else None
+    """The step metric drawn as the reward curve (`dagrl.charts.reward_key`)."""
+    return reward_key(k for s in steps for k in s.metrics)
 
 
 def _curves(steps: Sequence[metrics_pb2.StepSummary]) -> list[Markup]:

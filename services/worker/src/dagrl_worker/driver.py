@@ -12,6 +12,9 @@ Life of a job here:
    them, tracks them, reports progress, saves checkpoints and validates on schedule;
 4. when a rank dies, the driver kills the others and starts over from the last
    committed checkpoint, up to `trainer.max_restarts` times; then the job fails.
+
+For the job's whole life the driver holds the run folder's lock (`run_lock`): a second live
+job with the same folder fails at start instead of sharing its checkpoints and metrics.
 """
 
 from __future__ import annotations
@@ -32,12 +35,13 @@ from ray.exceptions import RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from dagrl import telemetry
+from dagrl import metrics_file, telemetry
 from dagrl.config import to_dict
 from dagrl.jobs import JobState, JobStore
 from dagrl_worker.actors import DAGWorkerActor
 from dagrl_worker.driver_args import parse_args
 from dagrl_worker.metrics import COMPUTE_SECONDS, merge
+from dagrl_worker.run_lock import RunLock
 from dagrl_worker.spec import WorkerSpec
 from dagrl_worker.tracking import Tracker
 
@@ -68,8 +72,13 @@ class Driver:
         self.outcome = JobOutcome(JobState.RUNNING)
         self.latest: dict[str, float] = {}
         self.total_steps = 0  # the newest value of every metric, for the store
-        run_dir = Path(spec.checkpoint_dir) / "runs"
-        self.tracker = Tracker(self.config, run_dir)
+        self.run_lock = RunLock(Path(spec.checkpoint_dir), spec.job_id).acquire()
+        try:
+            run_dir = Path(spec.checkpoint_dir) / metrics_file.RUN_SUBDIR
+            self.tracker = Tracker(self.config, run_dir, spec.job_id)
+        except BaseException:
+            self.run_lock.release()
+            raise
         services = self.config.services
         self.telemetry = telemetry.setup(
             "dagrl-driver", spec.job_id, None,
@@ -87,10 +96,12 @@ class Driver:
         finally:
             self.tracker.close()
             self.telemetry.shutdown()
+            self.run_lock.release()
 
     def _run_with_restarts(self) -> JobOutcome:
         restarts = 0
         while True:
+            self.tracker.begin_attempt(restarts)
             workers, group = self._start_workers()
             try:
                 self._train(workers, attempt=restarts)

@@ -1,18 +1,19 @@
 """Experiment tracking: where the driver writes each step's merged metrics.
 
 Backends by `trainer.logger`: `console` (one line per step), `jsonl` (one JSON object per
-step in `<run_dir>/metrics.jsonl`), `tensorboard`, `wandb`, `mlflow` — the last three
-only when their package is installed (a clear error names the missing package).
+step in `<run_dir>/metrics.jsonl`, tagged with the job id and the attempt; its format and
+the rule for a step written twice by a restart live in `dagrl.metrics_file`),
+`tensorboard`, `wandb`, `mlflow` — the last three only when their package is installed
+(a clear error names the missing package).
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any, Protocol
 
-from dagrl import telemetry
+from dagrl import metrics_file, telemetry
 from dagrl.config import JobConfig
 
 _HEADLINE = (telemetry.KEY_SCORE_MEAN, telemetry.KEY_ACTOR_PG_LOSS, telemetry.KEY_ACTOR_ENTROPY,
@@ -38,13 +39,15 @@ class ConsoleBackend:
 
 
 class JsonlBackend:
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, job_id: str) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.path = run_dir / "metrics.jsonl"
+        self.path = run_dir / metrics_file.FILE_NAME
+        self.job_id = job_id
+        self.attempt = 0
         self._file = self.path.open("a", encoding="utf-8")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        self._file.write(json.dumps({"step": step, **metrics}) + "\n")
+        self._file.write(metrics_file.encode_row(self.job_id, self.attempt, step, metrics))
         self._file.flush()
 
     def close(self) -> None:
@@ -105,19 +108,25 @@ class MlflowBackend:
 class Tracker:
     """Fans each step's metrics out to the configured backends."""
 
-    def __init__(self, config: JobConfig, run_dir: Path) -> None:
+    def __init__(self, config: JobConfig, run_dir: Path, job_id: str) -> None:
         self.backends: list[Backend] = []
         for name in config.trainer.logger:
             if name == "console":
                 self.backends.append(ConsoleBackend())
             elif name == "jsonl":
-                self.backends.append(JsonlBackend(run_dir))
+                self.backends.append(JsonlBackend(run_dir, job_id))
             elif name == "tensorboard":
                 self.backends.append(TensorBoardBackend(run_dir))
             elif name == "wandb":
                 self.backends.append(WandbBackend(config))
             elif name == "mlflow":
                 self.backends.append(MlflowBackend(config))
+
+    def begin_attempt(self, attempt: int) -> None:
+        """Tag the JSONL rows written from now on with `attempt` (the driver's restarts)."""
+        for backend in self.backends:
+            if isinstance(backend, JsonlBackend):
+                backend.attempt = attempt
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         for backend in self.backends:
