@@ -24,7 +24,6 @@ from dagrl.errors import RunReportError
 from dagrl.telemetry import names
 
 REPORT_FILE = "dashboard.html"
-KEY_STEP_SECONDS = "perf/step_seconds"  # the driver's wall time of the step
 _TABLE_STEPS = 20  # the newest steps listed under the charts
 
 _PAGE = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined,
@@ -74,14 +73,15 @@ def render_report(steps: Sequence[dict[str, Any]], source: str) -> str:
                              _series(steps, reward)),
               line_chart_svg("throughput", "throughput (tokens/s)",
                              _series(steps, names.KEY_THROUGHPUT)),
-              line_chart_svg("step-time", "step time", _series(steps, KEY_STEP_SECONDS), " s")]
+              line_chart_svg("step-time", "step time",
+                             _series(steps, names.KEY_STEP_SECONDS), " s")]
     for index, key in enumerate(validation_accuracy_keys(steps)):
         charts.append(line_chart_svg(f"val-accuracy-{index}", f"validation accuracy ({key})",
                                      _series(steps, key)))
     columns = ["step", "job", "attempt", "reward", "step time (s)", "tokens/s"]
     rows = [[s[metrics_file.FIELD_STEP], s.get(metrics_file.FIELD_JOB_ID, "-"),
              s.get(metrics_file.FIELD_ATTEMPT, "-"), _cell(s, reward),
-             _cell(s, KEY_STEP_SECONDS), _cell(s, names.KEY_THROUGHPUT)]
+             _cell(s, names.KEY_STEP_SECONDS), _cell(s, names.KEY_THROUGHPUT)]
             for s in steps[-_TABLE_STEPS:]]
     jobs = sorted({str(s.get(metrics_file.FIELD_JOB_ID, "-")) for s in steps})
     return _PAGE.render(title="dagrl run report", source=source, num_steps=len(steps),

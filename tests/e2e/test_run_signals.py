@@ -40,9 +40,6 @@ STARTED_TIMEOUT_S = 300  # Ray, two ranks and one step on a busy 2-core machine
 EXIT_TIMEOUT_S = 120  # cancel (driver grace 10 s) and stopping every service
 GONE_TIMEOUT_S = 30  # Ray's workers die with their raylet, a moment later
 WILDCARDS = {"0.0.0.0", "::"}
-# torch.distributed's TCPStore (the rendezvous rank 0 serves) listens on every interface and
-# torch 2.13 has no option to bind it elsewhere; see SECURITY.md. It lives in rank 0's process.
-TORCH_STORE_PROCESS = "ray::DAGWorkerActor"
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +139,7 @@ def command(process: psutil.Process) -> str:
 def assert_everything_was_started(run: Run) -> None:
     commands = [command(p) for p in run.started]
     for part in ("redis-server", "dagrl_metrics", "dagrl_scheduler", "dagrl_worker.driver",
-                 "gcs_server", "raylet", TORCH_STORE_PROCESS):
+                 "gcs_server", "raylet", "ray::DAGWorkerActor"):
         assert any(part in c for c in commands), f"no {part} among {commands}"
 
 
@@ -178,8 +175,7 @@ def test_sigterm_cancels_the_job_and_nothing_listened_beyond_loopback(run: Run) 
             continue
         wildcard += [(command(process), s.laddr) for s in sockets
                      if s.status == psutil.CONN_LISTEN and s.laddr.ip in WILDCARDS]
-    beyond_torch = [w for w in wildcard if not w[0].startswith(TORCH_STORE_PROCESS)]
-    assert not beyond_torch, f"listening on every interface: {beyond_torch}"
-    assert len(wildcard) <= 1, f"more than torch's one rendezvous store: {wildcard}"
+    # torch's rendezvous too: on one machine it is a file, not a TCPStore on every interface
+    assert not wildcard, f"listening on every interface: {wildcard}"
     os.kill(run.cli.pid, signal.SIGTERM)  # `timeout`, a batch scheduler's cancel
     assert_cancelled_and_nothing_left(run, signal.SIGTERM)

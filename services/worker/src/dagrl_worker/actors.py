@@ -7,7 +7,11 @@ client inside the actor process.
 
 from __future__ import annotations
 
+import os
 import socket
+import tempfile
+import uuid
+from pathlib import Path
 
 import ray
 
@@ -22,15 +26,23 @@ class DAGWorkerActor:
     def __init__(self, spec: WorkerSpec, rank: int) -> None:
         self.worker = DAGWorker(spec, rank, store=open_shard_store(spec.redis_url))
 
-    def master_endpoint(self) -> tuple[str, int]:
-        """This node's IP and a free TCP port for the torch.distributed rendezvous."""
+    def rendezvous(self) -> str:
+        """The torch.distributed init method every rank joins (asked of rank 0).
+
+        On a one-machine Ray cluster a file in this machine's temp folder: torch's TCPStore
+        would listen on every interface for the job's life. Across machines this node's IP
+        and a free TCP port.
+        """
+        if sum(1 for node in ray.nodes() if node.get("Alive")) == 1:
+            name = f"dagrl-rendezvous-{os.getpid()}-{uuid.uuid4().hex}"
+            return f"file://{Path(tempfile.gettempdir()) / name}"
         with socket.socket() as probe:
             probe.bind(("", 0))
             port = probe.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        return f"tcp://{ray.util.get_node_ip_address()}:{port}"
 
-    def setup_distributed(self, master_addr: str, master_port: int) -> None:
-        self.worker.setup_distributed(master_addr, master_port)
+    def setup_distributed(self, init_method: str) -> None:
+        self.worker.setup_distributed(init_method)
 
     def init_graph(self, attempt: int) -> tuple[int, int]:
         return self.worker.init_graph(attempt)

@@ -3,7 +3,7 @@
 Plain Python (Ray wraps it in `actors.py`), so a test can drive it directly. The driver
 calls, in this order:
 
-    setup_distributed(master_addr, master_port)  process groups, as the plan lists them
+    setup_distributed(init_method)               process groups, as the plan lists them
     init_graph(attempt)                          models, executors, checkpoint load
     run_step(step)                               one training step -> metric summary
     validate(step)                               a validation pass -> metric summary
@@ -93,12 +93,13 @@ class DAGWorker:
             services.metrics_endpoint if services.tracing else None)
 
     # ------------------------------------------------------------------ setup
-    def setup_distributed(self, master_addr: str, master_port: int) -> None:
-        """Join the world group, then create every plan group in the plan's order."""
+    def setup_distributed(self, init_method: str) -> None:
+        """Join the world group (`init_method`: `file://...` on one machine, `tcp://...`
+        across machines), then create every plan group in the plan's order."""
         if self.plan.world_size > 1 and not dist.is_initialized():
             dist.init_process_group(
                 "gloo" if not torch.cuda.is_available() else "nccl",
-                init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank,
+                init_method=init_method, rank=self.rank,
                 world_size=self.plan.world_size, timeout=timedelta(minutes=10))
         for group in self.plan.groups:
             if dist.is_initialized():

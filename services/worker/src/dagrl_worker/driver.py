@@ -38,6 +38,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from dagrl import metrics_file, telemetry
 from dagrl.config import to_dict
 from dagrl.jobs import JobState, JobStore
+from dagrl.telemetry import names
 from dagrl_worker.actors import DAGWorkerActor
 from dagrl_worker.driver_args import parse_args
 from dagrl_worker.metrics import COMPUTE_SECONDS, merge
@@ -69,6 +70,7 @@ class Driver:
         self.plan = spec.plan_view()
         self.store = store
         self.cancelled = False
+        self.rendezvous = ""  # this attempt's torch.distributed init method (DAGWorkerActor)
         self.outcome = JobOutcome(JobState.RUNNING)
         self.latest: dict[str, float] = {}
         self.total_steps = 0  # the newest value of every metric, for the store
@@ -126,6 +128,7 @@ class Driver:
                     return self.outcome
             finally:
                 _stop_workers(workers, group)
+                _remove_rendezvous_file(self.rendezvous)
 
     def request_cancel(self) -> None:
         self.cancelled = True
@@ -150,8 +153,9 @@ class Driver:
         return workers, group
 
     def _train(self, workers: list[Any], attempt: int) -> None:
-        addr, port = ray.get(workers[0].master_endpoint.remote())
-        ray.get([w.setup_distributed.remote(addr, port) for w in workers])
+        init_method = ray.get(workers[0].rendezvous.remote())
+        self.rendezvous = init_method  # a file one: removed once the attempt's workers stop
+        ray.get([w.setup_distributed.remote(init_method) for w in workers])
         starts = ray.get([w.init_graph.remote(attempt) for w in workers])
         first_step, total = starts[0]
         self.total_steps = total
@@ -187,17 +191,18 @@ class Driver:
         """Fold the ranks' summaries; add throughput, per-token timings, driver bytes."""
         received = len(pickle.dumps(summaries))
         metrics = merge(summaries)
-        tokens = metrics.get("tokens/generated", 0.0) + metrics.get("tokens/trained", 0.0)
-        metrics["perf/throughput"] = tokens / elapsed
-        metrics["perf/driver_bytes_received"] = float(received)
+        generated = metrics.get(names.KEY_TOKENS_GENERATED, 0.0)
+        tokens = generated + metrics.get(names.KEY_TOKENS_TRAINED, 0.0)
+        metrics[names.KEY_THROUGHPUT] = tokens / elapsed
+        metrics[names.KEY_DRIVER_BYTES] = float(received)
         compute_per_rank = metrics.get(COMPUTE_SECONDS, 0.0) / max(1, len(summaries))
-        metrics["perf/overhead_fraction"] = max(0.0, 1.0 - compute_per_rank / elapsed)
-        metrics["perf/step_seconds"] = elapsed
-        for name in [k for k in metrics if k.startswith("timing_s/")]:
-            node = name.removeprefix("timing_s/")
-            if metrics.get("tokens/generated"):
-                per_token = metrics[name] * 1000 / metrics["tokens/generated"]
-                metrics[f"timing_per_token_ms/{node}"] = per_token
+        metrics[names.KEY_OVERHEAD_FRACTION] = max(0.0, 1.0 - compute_per_rank / elapsed)
+        metrics[names.KEY_STEP_SECONDS] = elapsed
+        for name in [k for k in metrics if k.startswith(names.KEY_TIMING_PREFIX)]:
+            node = name.removeprefix(names.KEY_TIMING_PREFIX)
+            if generated:
+                per_token = metrics[name] * 1000 / generated
+                metrics[f"{names.KEY_TIMING_PER_TOKEN_PREFIX}{node}"] = per_token
         self.outcome.driver_bytes_per_step.append(received)
         return metrics
 
@@ -246,6 +251,11 @@ def spec_from_store(store: JobStore, job_id: str, redis_url: str) -> WorkerSpec:
     trainer = spec.job_config().trainer
     folder = Path(trainer.default_local_dir) / trainer.project_name / trainer.experiment_name
     return WorkerSpec(**{**spec.__dict__, "checkpoint_dir": str(folder.resolve())})
+
+
+def _remove_rendezvous_file(init_method: str) -> None:
+    if init_method.startswith("file://"):
+        Path(init_method.removeprefix("file://")).unlink(missing_ok=True)
 
 
 def ray_options(ray_address: str | None, world_size: int) -> dict[str, Any]:
