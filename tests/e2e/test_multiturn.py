@@ -116,6 +116,10 @@ def test_calculator_episodes_train_on_two_ranks(ray_session: None, tool_assets: 
     assert len(turns) == STEPS and max(turns) > 1
     losses = [m["actor/pg_loss"] for m in outcome.history if "actor/pg_loss" in m]
     assert len(losses) == STEPS and all(math.isfinite(x) for x in losses)
+    # the turns' own log-probs of the policy tokens agree with the actor on the whole episode
+    gaps = [m["rollout_corr/max_abs_diff"] for m in outcome.history
+            if "rollout_corr/max_abs_diff" in m]
+    assert len(gaps) == STEPS and max(gaps) <= 1e-4, gaps
     saved = load_file(str(checkpoint.step_dir(tmp_path / "ckpt", STEPS) / "agent0" / "actor"
                           / "model.safetensors"))
     initial = load_file(str(tool_assets / "model" / "model.safetensors"))

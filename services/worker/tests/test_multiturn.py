@@ -35,6 +35,7 @@ from dagrl_worker.rollout.multiturn import (
 )
 from dagrl_worker.rollout.processing import ProcessingError, TurnProcessor
 from dagrl_worker.spec import WorkerSpec
+from dagrl_worker.training.forward import response_log_probs
 
 TOKENIZER = build_char_tokenizer()
 
@@ -172,6 +173,18 @@ def test_real_tiny_model_multi_turn(tiny_checkpoint: Path) -> None:
         if episode.num_turns > 1:  # the env's answer and the template are in, masked out
             assert "<|im_start|>user\n" in text and ("wrong" in text or "correct" in text)
     assert any(e.num_turns == 3 for e in episodes)  # an untrained model is mostly wrong
+    # each policy token's log-prob as its turn sampled it = the actor's on the whole episode
+    with torch.no_grad():
+        actor, _ = response_log_probs(module, out, temperature=1.0)
+    policy = out.tensors["response_mask"].bool()
+    assert float((actor - out.tensors["rollout_log_probs"])[policy].abs().max()) <= 1e-4
+    assert float(out.tensors["rollout_log_probs"][~policy].abs().sum()) == 0.0
+
+
+def test_a_backend_without_log_probs_leaves_them_out() -> None:
+    generate, _ = fixed_generate("ab<|im_end|>")
+    _, out = play(samples_batch([2, 1]), generate, TurnLimits(3, 8, 64))
+    assert "rollout_log_probs" not in out and "responses" in out
 
 
 def node(**kw: Any) -> Node:

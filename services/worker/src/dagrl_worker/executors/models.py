@@ -181,7 +181,7 @@ def require_rollout_log_probs(batch: Batch) -> torch.Tensor:
     if "rollout_log_probs" not in batch:
         raise InvalidInputError(
             "actor.use_rollout_log_probs and algorithm.rollout_correction need the rollout's "
-            "log-probs (`rollout_log_probs`), which this batch does not carry: single-turn "
-            "rollouts of every backend add them; multi-turn episodes do not yet. Turn both "
-            "off for this workflow")
+            "log-probs (`rollout_log_probs`), which this batch does not carry: the hf and vllm "
+            "backends add them, single- and multi-turn; a custom rollout must add them too, "
+            "or turn both off for this workflow")
     return batch.tensors["rollout_log_probs"]

@@ -11,8 +11,7 @@ column (uid made unique per sample, group_id kept) plus:
     attention_mask [B*n, P+R]
     position_ids   [B*n, P+R]  positions that skip left padding
     rollout_log_probs [B*n, R] each sampled token's log-prob under the sampling distribution
-                               (temperature, top-k/top-p applied; 0 off the response mask);
-                               single-turn rollouts only, for now
+                               (temperature, top-k/top-p applied; 0 off the response mask)
 
 A backend also takes the policy's new weights after every actor update (`update_weights`,
 named tensors in Hugging Face names, bucket by bucket: `DAGWorker._sync_weights` is the one
@@ -102,8 +101,8 @@ def rollout_batch(samples: Batch, responses: torch.Tensor, response_mask: torch.
 
     `response_attention` [B, R] is 1 on every real response token: the policy's, and in a
     multi-turn rollout also the environment's (which `response_mask` leaves out of the loss).
-    `rollout_log_probs` [B, R] (0 past the policy's tokens) is left out when not given: the
-    multi-turn loop does not gather them across turns yet.
+    `rollout_log_probs` [B, R] (0 off the policy's tokens) is left out when not given (a
+    backend that cannot report them).
     """
     if rollout_log_probs is not None:
         on_policy = response_mask.bool()  # where(): a padded step's log-prob may be -inf

@@ -12,7 +12,9 @@ waits until every live sample asks), used by `bench/multiturn.py`.
 `episodes_to_batch` lays the episodes out exactly like a single-turn rollout
 (`rollout/base.py`): `responses` is the whole continuation after the prompt, with
 `response_mask` 1 only on the policy's tokens (template and env tokens are 0), plus
-`token_level_scores` (the episode reward on the last policy token) and `num_turns`. It keeps
+`token_level_scores` (the episode reward on the last policy token), `num_turns`, and
+`rollout_log_probs` (each policy token's log-prob as its turn sampled it, 0 elsewhere) when
+the backend reports them. It keeps
 every column of `samples` as they are: uids derived for n samples per prompt exactly as a
 single-turn backend derives them (`Batch.repeat_interleave`), chain lineage (`parent_uid`)
 included. Each `Episode` also counts the tool calls (and failed ones) its env reported in
@@ -24,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -44,10 +46,28 @@ from dagrl_worker.rollout.processing import TurnProcessor
 NUM_TURNS = "num_turns"  # the column of assistant turns per sample
 
 
-class GenerateFn(Protocol):
-    """Continue each context by at most `max_new_tokens` (EOS included, padding excluded)."""
+@dataclass
+class Continuation:
+    """One turn's sampled tokens and, when the backend reports them, their log-probs."""
 
-    def __call__(self, contexts: list[list[int]], max_new_tokens: int) -> list[list[int]]: ...
+    tokens: list[int]
+    log_probs: list[float] | None = None
+
+    def cut(self, limit: int) -> Continuation:
+        return Continuation(self.tokens[:limit],
+                            None if self.log_probs is None else self.log_probs[:limit])
+
+
+class GenerateFn(Protocol):
+    """Continue each context by at most `max_new_tokens` (EOS included, padding excluded):
+    token lists, or `Continuation`s that carry the sampled tokens' log-probs too."""
+
+    def __call__(self, contexts: list[list[int]],
+                 max_new_tokens: int) -> Sequence[list[int] | Continuation]: ...
+
+
+def as_continuation(generated: list[int] | Continuation) -> Continuation:
+    return generated if isinstance(generated, Continuation) else Continuation(list(generated))
 
 
 def backend_generate_fn(backend: RolloutBackend, pad_token_id: int,
@@ -56,7 +76,7 @@ def backend_generate_fn(backend: RolloutBackend, pad_token_id: int,
     seed per call (from `params.seed` and the call's number), so the calls draw apart."""
     calls = itertools.count()
 
-    def generate(contexts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    def generate(contexts: list[list[int]], max_new_tokens: int) -> list[Continuation]:
         rows: dict[str, list[Any]] = {"prompt_ids": list(contexts),
                                       "index": list(range(len(contexts)))}
         prompts = prompts_to_batch(rows, pad_token_id, "turn")
@@ -64,7 +84,10 @@ def backend_generate_fn(backend: RolloutBackend, pad_token_id: int,
         out = backend.generate(prompts, replace(params, n=1, max_new_tokens=max_new_tokens,
                                                 seed=seed))
         responses, mask = out.tensors["responses"], out.tensors["response_mask"]  # [B, R]
-        return [row[m.bool()].tolist() for row, m in zip(responses, mask, strict=True)]
+        log_probs = out.tensors.get("rollout_log_probs")  # [B, R] or None
+        return [Continuation(row[m.bool()].tolist(),
+                             None if log_probs is None else log_probs[i][m.bool()].tolist())
+                for i, (row, m) in enumerate(zip(responses, mask, strict=True))]
     return generate
 
 
@@ -80,6 +103,8 @@ class Episode:
     prompt_ids: list[int]
     response_ids: list[int] = field(default_factory=list)  # policy, template and env tokens
     response_mask: list[int] = field(default_factory=list)  # 1 on policy tokens
+    # the policy tokens' sampled log-probs (0 on the others); None once a turn lacked them
+    log_probs: list[float] | None = field(default_factory=list)
     num_turns: int = 0
     reward: float = 0.0
     tool_calls: int = 0  # summed over steps from StepResult.info (TOOL_CALLS)
@@ -93,12 +118,12 @@ class TurnBatcher:
         self._generate = generate
         self._live = live  # episodes not finished yet
         self._lockstep = lockstep
-        self._pending: list[tuple[list[int], int, asyncio.Future[list[int]]]] = []
+        self._pending: list[tuple[list[int], int, asyncio.Future[Continuation]]] = []
         self._wakeup = asyncio.Event()
         self.batch_sizes: list[int] = []
 
-    async def generate(self, context: list[int], max_new_tokens: int) -> list[int]:
-        future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+    async def generate(self, context: list[int], max_new_tokens: int) -> Continuation:
+        future: asyncio.Future[Continuation] = asyncio.get_running_loop().create_future()
         self._pending.append((context, max_new_tokens, future))
         self._wakeup.set()
         return await future
@@ -123,8 +148,8 @@ class TurnBatcher:
             try:
                 outputs = await asyncio.to_thread(self._generate, [c for c, _, _ in requests],
                                                   width)
-                for (_, limit, future), tokens in zip(requests, outputs, strict=True):
-                    future.set_result(tokens[:limit])
+                for (_, limit, future), generated in zip(requests, outputs, strict=True):
+                    future.set_result(as_continuation(generated).cut(limit))
             except Exception as exc:  # every waiting episode fails with the backend's error
                 for _, _, future in requests:
                     if not future.done():
@@ -150,8 +175,9 @@ async def run_episode(sample: dict[str, Any], prompt_ids: list[int], env: Enviro
             _append(episode, processor.before_turn(_context(episode), observation), 0, limits)
         while _budget(episode, limits) > 0:
             turn_limit = min(limits.max_tokens_per_turn, _budget(episode, limits))
-            response = await batcher.generate(_context(episode), turn_limit)
-            _append(episode, response, 1, limits)
+            turn = await batcher.generate(_context(episode), turn_limit)
+            response = turn.tokens
+            _append(episode, response, 1, limits, turn.log_probs)
             episode.num_turns += 1
             action = processor.decode(response)
             result = await env.step(action, str(sample.get("ground_truth", "")))
@@ -180,11 +206,19 @@ def _budget(episode: Episode, limits: TurnLimits) -> int:
     return limits.max_response_tokens - len(episode.response_ids)
 
 
-def _append(episode: Episode, tokens: list[int], is_policy: int, limits: TurnLimits) -> None:
+def _append(episode: Episode, tokens: list[int], is_policy: int, limits: TurnLimits,
+            log_probs: list[float] | None = None) -> None:
     """Tokens past the response budget are dropped (the episode then ends: no budget)."""
     kept = tokens[:max(_budget(episode, limits), 0)]
     episode.response_ids.extend(kept)
     episode.response_mask.extend([is_policy] * len(kept))
+    if episode.log_probs is None:
+        return
+    if is_policy and log_probs is None:  # a backend without log-probs: none for the episode
+        episode.log_probs = None
+        return
+    episode.log_probs.extend(log_probs[:len(kept)] if is_policy and log_probs is not None
+                             else [0.0] * len(kept))
 
 
 async def run_episodes(samples: list[dict[str, Any]], prompts: list[list[int]],
@@ -221,5 +255,17 @@ def episodes_to_batch(samples: Batch, episodes: list[Episode], pad_token_id: int
         if len(policy_positions):
             scores[i, int(policy_positions[-1])] = episode.reward
     out = rollout_batch(samples, responses, response_mask, is_real,
+                        rollout_log_probs=_log_probs_tensor(episodes, width),
                         extra={"token_level_scores": scores})
     return out.with_fields(columns={NUM_TURNS: [e.num_turns for e in episodes]})
+
+
+def _log_probs_tensor(episodes: list[Episode], width: int) -> torch.Tensor | None:
+    """The policy tokens' log-probs [B, R], or None when any episode's backend lacked them."""
+    if any(e.log_probs is None for e in episodes):
+        return None
+    log_probs = torch.zeros((len(episodes), width), dtype=torch.float32)  # [B, R]
+    for i, episode in enumerate(episodes):
+        assert episode.log_probs is not None
+        log_probs[i, :len(episode.log_probs)] = torch.tensor(episode.log_probs)
+    return log_probs
