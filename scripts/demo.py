@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from dagrl import metrics_file
 from dagrl.models.demo import DemoRecipe, prepare_assets
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,10 +27,10 @@ ASSETS = ROOT / "outputs" / "arith"
 ACCURACY = "val/arith/accuracy"
 
 
-def metrics_file() -> Path:
+def metrics_path() -> Path:
     trainer = yaml.safe_load(EXAMPLE.read_text())["trainer"]
     return (ROOT / trainer["default_local_dir"] / trainer["project_name"]
-            / trainer["experiment_name"] / "runs" / "metrics.jsonl")
+            / trainer["experiment_name"] / metrics_file.RUN_SUBDIR / metrics_file.FILE_NAME)
 
 
 def main() -> int:
@@ -38,7 +38,7 @@ def main() -> int:
     print("demo: building the tiny model and data (outputs/arith) ...", flush=True)
     for key, value in prepare_assets(ASSETS, DemoRecipe()).items():
         print(f"  {key}: {value:.4g}")
-    log = metrics_file()
+    log = metrics_path()
     log.unlink(missing_ok=True)
     command = [str(Path(sys.executable).parent / "dagrl"), "run", str(EXAMPLE),
                "trainer.resume_mode=disable"]
@@ -47,7 +47,7 @@ def main() -> int:
     if code != 0:
         print(f"demo: the GRPO run failed (exit code {code}); see outputs/logs/", file=sys.stderr)
         return code
-    validations = [r for r in map(json.loads, log.read_text().splitlines()) if ACCURACY in r]
+    validations = [r for r in metrics_file.read_steps(log) if ACCURACY in r]
     before, after = validations[0][ACCURACY], validations[-1][ACCURACY]
     seconds = time.perf_counter() - started
     print(f"demo: validation accuracy {before:.1%} before RL, {after:.1%} after "

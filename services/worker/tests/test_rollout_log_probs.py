@@ -1,17 +1,22 @@
 """Rollout log-probs in training: the mismatch metrics, `actor.use_rollout_log_probs` (the
 old-log-prob pass skipped) and truncated importance sampling, on one rank with `hf`."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
+from dagrl.algorithms import FixedKLController
 from dagrl.data import make_dataset
 from dagrl.errors import ConfigError
 from dagrl.models import encode_chat_prompt, load_model_and_tokenizer
 from dagrl.workflow import load_workflow
 from dagrl_worker.dag_worker import DAGWorker
+from dagrl_worker.executors.base import StepContext
+from dagrl_worker.executors.models import rollout_sampling
+from dagrl_worker.metrics import MetricSink
 from dagrl_worker.plan_view import colocated_plan
 from dagrl_worker.prompts import prompts_to_batch
 from dagrl_worker.rollout import HFRollout, SamplingParams
@@ -48,6 +53,22 @@ def test_hf_rollout_log_probs_are_the_actors(tiny_checkpoint: Path) -> None:
     mask = out.tensors["response_mask"].bool()
     assert float((actor - out.tensors["rollout_log_probs"])[mask].abs().max()) <= 1e-5
     assert float(out.tensors["rollout_log_probs"][~mask].abs().sum()) == 0.0
+
+
+def test_rollout_seed_and_step_seed_each_rollout(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    worker = _worker(tiny_checkpoint, tmp_path, "seeds")
+    seeds = {}
+    for seed in (0, 5):
+        rollout = dataclasses.replace(worker.config.actor_rollout_ref.rollout, seed=seed)
+        policy = dataclasses.replace(worker.config.actor_rollout_ref, rollout=rollout)
+        config = dataclasses.replace(worker.config, actor_rollout_ref=policy)
+        for step, validating in ((1, False), (2, False), (1, True)):
+            ctx = StepContext(step, 0, config, MetricSink(), FixedKLController(0.0),
+                              validating=validating)
+            seeds[seed, step, validating] = rollout_sampling(ctx).seed
+    assert len(set(seeds.values())) == len(seeds)  # seed, step and validation all count
+    ctx = StepContext(1, 0, worker.config, MetricSink(), FixedKLController(0.0))
+    assert rollout_sampling(ctx).seed == seeds[0, 1, False]  # the default seed is 0
 
 
 def _params(worker: DAGWorker) -> list[torch.Tensor]:

@@ -180,6 +180,24 @@ def _vllm_worker(checkpoint: Path, tmp_path: Path) -> DAGWorker:
     return DAGWorker(spec, rank=0)
 
 
+def test_engine_settings_reach_the_engine(checkpoint: Path) -> None:
+    """The verl-named settings are the engine's; TP > 1 is refused on CPU."""
+    from dagrl.errors import ConfigError
+    from dagrl_worker.rollout.vllm_engine import check_tensor_parallel
+
+    with pytest.raises(ConfigError, match=r"tensor_model_parallel_size is 2.*on CPU set it to 1"):
+        check_tensor_parallel(RolloutConfig(tensor_model_parallel_size=2), is_cuda=False)
+    tokenizer = build_char_tokenizer()
+    config = RolloutConfig(name="vllm", max_model_len=128, max_num_batched_tokens=2048, seed=7)
+    engine = VLLMRollout(str(checkpoint), config, "float32", int(tokenizer.pad_token_id),
+                         int(tokenizer.eos_token_id))
+    settings = engine.llm.llm_engine.vllm_config
+    assert settings.model_config.max_model_len == 128
+    assert settings.scheduler_config.max_num_batched_tokens == 2048
+    assert settings.model_config.seed == 7
+    assert settings.model_config.dtype == torch.float32
+
+
 # Last in this module: these build engines of their own, and an engine that goes away takes
 # vLLM's process-wide parallel state with it (one engine per process lives for the job).
 @pytest.mark.parametrize("sync", ["on", "off"])
