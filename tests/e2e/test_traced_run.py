@@ -41,10 +41,12 @@ def metrics_service() -> Iterator[MetricsServer]:
     server.stop()
 
 
-def test_dagrl_run_is_traced_step_by_step(metrics_service: MetricsServer, assets: Path,
-                                          tmp_path: Path) -> None:
-    config = job_config(assets, "grpo_arith", trainer={
-        "total_training_steps": STEPS, "val_before_train": False, "test_freq": -1,
+def traced_run(metrics: MetricsServer, assets: Path, tmp_path: Path, example: str,
+               steps: int) -> list[metrics_pb2.StepSummary]:
+    """`dagrl run examples/<example>.yaml` (on the test assets) for `steps` steps, traced
+    into `metrics`; the job's step summaries once `steps` of them are complete (or 30 s)."""
+    config = job_config(assets, example, trainer={
+        "total_training_steps": steps, "val_before_train": False, "test_freq": -1,
         "save_freq": -1, "default_local_dir": str(tmp_path / "ckpt")})
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(config))
@@ -53,22 +55,26 @@ def test_dagrl_run_is_traced_step_by_step(metrics_service: MetricsServer, assets
     dagrl = Path(sys.executable).parent / "dagrl"
     run = subprocess.run(
         [str(dagrl), "run", str(job_file),
-         f"services.metrics_endpoint=127.0.0.1:{metrics_service.otlp_port}",
+         f"services.metrics_endpoint=127.0.0.1:{metrics.otlp_port}",
          "--quiet", "--no-tracing", "--summary-json", str(summary_file),
          "--log-dir", str(tmp_path / "logs")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     job_id = json.loads(summary_file.read_text())["job_id"]
-
-    order = list(load_workflow("grpo").topological_order())
-    with grpc.insecure_channel(f"127.0.0.1:{metrics_service.query_port}") as channel:
+    with grpc.insecure_channel(f"127.0.0.1:{metrics.query_port}") as channel:
         stub = metrics_pb2_grpc.MetricsQueryServiceStub(channel)
         deadline = time.time() + 30
         while True:
-            steps = stub.ListSteps(metrics_pb2.ListStepsRequest(job_id=job_id)).steps
-            if len([s for s in steps if s.complete]) == STEPS or time.time() > deadline:
-                break
+            summaries = stub.ListSteps(metrics_pb2.ListStepsRequest(job_id=job_id)).steps
+            if len([s for s in summaries if s.complete]) == steps or time.time() > deadline:
+                return list(summaries)
             time.sleep(0.5)
+
+
+def test_dagrl_run_is_traced_step_by_step(metrics_service: MetricsServer, assets: Path,
+                                          tmp_path: Path) -> None:
+    steps = traced_run(metrics_service, assets, tmp_path, "grpo_arith", STEPS)
+    order = list(load_workflow("grpo").topological_order())
     assert sorted(s.step for s in steps) == list(range(1, STEPS + 1))
     for summary in steps:
         assert summary.complete and summary.num_ranks == RANKS
@@ -85,3 +91,22 @@ def test_dagrl_run_is_traced_step_by_step(metrics_service: MetricsServer, assets
         assert list(summary.critical_path) == order  # GRPO is a chain
         assert summary.tokens > 0
         assert "critic/score/mean" in summary.metrics
+
+
+def test_async_example_traces_rollout_and_training_of_different_steps_overlapping(
+        metrics_service: MetricsServer, assets: Path, tmp_path: Path) -> None:
+    """`examples/grpo_arith_async.yaml` as it is (the scheduler splits the plan from its
+    config): rank 0 rolls out step t + 1 while rank 1 trains step t, and the trace says so."""
+    steps = 4
+    summaries = traced_run(metrics_service, assets, tmp_path, "grpo_arith_async", steps)
+    by_step = {s.step: s for s in summaries}
+    assert sorted(by_step) == list(range(1, steps + 1))
+    spans = {}  # (rank, step) -> (start, end) in ns
+    for summary in summaries:
+        assert summary.complete and summary.num_ranks == RANKS
+        assert "async/staleness/max" in summary.metrics
+        for rank_step in summary.rank_steps:
+            spans[rank_step.rank, summary.step] = (
+                rank_step.start_unix_ns, rank_step.start_unix_ns + rank_step.duration_s * 1e9)
+    overlapping = [t for t in range(1, steps) if spans[0, t + 1][0] < spans[1, t][1]]
+    assert overlapping, spans  # rank 0 generated step t+1 before rank 1 finished step t

@@ -24,6 +24,8 @@ LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 # colocate: every agent on every rank, taking turns; spread: each agent's nodes on ranks of
 # their own, apportioned by cost, data handed over through the databuffer.
 AgentPlacement = Literal["colocate", "spread"]
+# trainer.max_staleness above this would keep that many host copies of the policy in flight
+MAX_STALENESS = 32
 AdvEstimator = Literal[
     "gae", "grpo", "drgrpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"
 ]
@@ -299,9 +301,17 @@ class TrainerConfig:
     max_restarts: int = option(3, "restarts from the last checkpoint after a worker dies")
     balance_batch: bool = option(True, "reshard training inputs by token count across dp ranks")
     logger: tuple[str, ...] = option(("console",), "console, jsonl, tensorboard, wandb, mlflow")
+    max_staleness: int | None = option(
+        None, "None: synchronous steps; k >= 0: rollout ranks run ahead of training ranks, "
+        "generating step t with policy weights of version >= t-1-k (0: on-policy, overlapped "
+        "with nothing; needs the rollout side on ranks of its own, workflow.split_rollout)")
 
     def check(self) -> list[str]:
         problems = []
+        if self.max_staleness is not None and not 0 <= self.max_staleness <= MAX_STALENESS:
+            problems.append(f"max_staleness must be in [0, {MAX_STALENESS}] when set, got "
+                            f"{self.max_staleness}; leave it unset (null) for synchronous "
+                            "training")
         if self.total_epochs < 1:
             problems.append(f"total_epochs must be >= 1, got {self.total_epochs}")
         if self.total_training_steps is not None and self.total_training_steps < 1:
@@ -325,6 +335,17 @@ class WorkflowConfig:
     agent_placement: AgentPlacement = option(
         "colocate", "multi-agent workflows: colocate (all agents on every rank) or spread "
         "(each agent on ranks of its own)")
+    split_rollout: bool | None = option(
+        None, "the rollout side (rollout and what needs only its output: reward, advantage, "
+        "dynamic sampling) on ranks of its own, the training side on the rest; None: when "
+        "trainer.max_staleness is set")
+    rollout_ranks: int | None = option(
+        None, "ranks of the rollout side when split (None: apportioned by the sides' cost)")
+
+    def check(self) -> list[str]:
+        if self.rollout_ranks is not None and self.rollout_ranks < 1:
+            return [f"rollout_ranks must be >= 1 when set, got {self.rollout_ranks}"]
+        return []
 
 
 @dataclass(frozen=True)
@@ -361,9 +382,33 @@ class JobConfig:
                 f"rollout.n {n}) must be divisible by ppo_micro_batch_size_per_rank "
                 f"({actor.ppo_micro_batch_size_per_rank})"
             )
+        problems.extend(self._async_problems())
         if self.algorithm.adv_estimator in ("grpo", "drgrpo", "rloo") and n < 2:
             problems.append(
                 f"algorithm.adv_estimator {self.algorithm.adv_estimator} compares samples "
                 f"of one prompt: set actor_rollout_ref.rollout.n >= 2 (got {n})"
             )
         return problems
+
+    @property
+    def splits_rollout(self) -> bool:
+        """Whether the plan puts the rollout side on ranks of its own."""
+        split = self.workflow.split_rollout
+        return split if split is not None else self.trainer.max_staleness is not None
+
+    def _async_problems(self) -> list[str]:
+        staleness = self.trainer.max_staleness
+        if staleness is None:
+            return []
+        if not self.splits_rollout:
+            return ["trainer.max_staleness needs the rollout side on ranks of its own: leave "
+                    "workflow.split_rollout unset or set it true"]
+        off_policy_fix = (self.actor_rollout_ref.actor.use_rollout_log_probs
+                          or self.algorithm.rollout_correction.mode != "off")
+        if staleness > 0 and not off_policy_fix:
+            return [f"trainer.max_staleness = {staleness} trains on samples of an older policy: "
+                    "set actor_rollout_ref.actor.use_rollout_log_probs (the behaviour policy's "
+                    "log-probs are the old log-probs) or algorithm.rollout_correction.mode "
+                    "(token or sequence: decoupled PPO, the recomputed log-probs are the "
+                    "proximal policy and the rollout's are importance-weighted to it)"]
+        return []

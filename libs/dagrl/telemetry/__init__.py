@@ -22,17 +22,20 @@ from dagrl.telemetry.names import *  # noqa: F403 - the names are part of this p
 from dagrl.telemetry.names import node_span_name
 from dagrl.telemetry.sdk import Telemetry, active, setup, setup_with_exporters
 from dagrl.telemetry.spans import (
+    OpenStepSpan,
     SpanScope,
     extract_context,
     inject_context,
     job_span,
     node_span,
+    open_step_span,
     phase_span,
     step_span,
 )
 
 __all__ = [  # noqa: RUF022 - grouped by role
     "TelemetryConfig", "Telemetry", "active", "setup", "setup_with_exporters",
-    "SpanScope", "job_span", "step_span", "node_span", "phase_span",
+    "SpanScope", "OpenStepSpan", "job_span", "step_span", "open_step_span", "node_span",
+    "phase_span",
     "inject_context", "extract_context", "node_span_name",
 ]

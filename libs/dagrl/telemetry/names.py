@@ -129,6 +129,15 @@ KEY_ROLLOUT_CORR_MAX_ABS_DIFF: Final = "rollout_corr/max_abs_diff"  # max |log-p
 KEY_ROLLOUT_CORR_TIS_MEAN: Final = "rollout_corr/tis_weight_mean"  # truncated IS weight
 KEY_ROLLOUT_CORR_TIS_CLIPFRAC: Final = "rollout_corr/tis_clipfrac"  # share at the cap
 KEY_OLD_LOG_PROB_SKIPPED: Final = "actor/old_log_prob_pass_skipped"  # 1: rollout's used
+# asynchronous training (trainer.max_staleness): the policy version a sample was generated
+# with is the number of updates behind it; staleness = trainer's version - rollout_version
+KEY_ASYNC_STALENESS_MEAN: Final = "async/staleness/mean"  # versions behind, mean over samples
+KEY_ASYNC_STALENESS_MAX: Final = "async/staleness/max"
+KEY_ASYNC_STALE_DROPPED: Final = "async/stale_dropped"  # samples beyond the bound, not trained
+KEY_ASYNC_ROLLOUT_IDLE: Final = "async/rollout_idle_s"  # s the rollout side waited for weights
+KEY_ASYNC_TRAINER_IDLE: Final = "async/trainer_idle_s"  # s the training side waited for data
+KEY_ASYNC_QUEUE_DEPTH: Final = "async/queue_depth"  # steps generated, not yet trained
+KEY_ASYNC_ROLLOUT_VERSION: Final = "async/rollout_version"  # weights the step's rollout used
 
 # ---- step-level metric keys (reported with `SpanScope.record_metric`) -------------------
 STEP_METRIC_REWARD_MEAN: Final = KEY_SCORE_MEAN

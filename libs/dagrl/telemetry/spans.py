@@ -143,6 +143,34 @@ def step_span(step: int, job_id: str, *, parent: otel_context.Context | Carrier 
         telemetry.instruments.step_duration.record(time.perf_counter() - started)
 
 
+class OpenStepSpan(SpanScope):
+    """A driver's step span opened now and ended later (`open_step_span`)."""
+
+    __slots__ = ()
+
+    def carrier(self) -> dict[str, str]:
+        """This span's context for the ranks' step spans (as `inject_context` gives)."""
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier, context=trace.set_span_in_context(self.span))
+        return carrier
+
+    def end(self) -> None:
+        self.span.end()
+
+
+def open_step_span(step: int, job_id: str, *, link: otel_context.Context | Carrier | None = None,
+                   attrs: Mapping[str, Any] | None = None) -> OpenStepSpan:
+    """The driver's root span of one step, outside any `with`: asynchronous training runs
+    the rollout of a step while the previous one trains, so step spans overlap in time and
+    cannot nest as `with` blocks. The caller calls `end()`."""
+    telemetry = active()
+    attributes: dict[str, Any] = {names.ATTR_JOB_ID: job_id, names.ATTR_STEP: step,
+                                  **(attrs or {})}
+    span = telemetry.tracer.start_span(names.SPAN_STEP, context=otel_context.Context(),
+                                       attributes=attributes, links=_links(link))
+    return OpenStepSpan(span, names.SPAN_STEP, telemetry)
+
+
 @contextmanager
 def node_span(node_id: str, rank: int | None = None, attrs: Mapping[str, Any] | None = None,
               *, deps: Sequence[str] = ()) -> Iterator[SpanScope]:

@@ -48,7 +48,9 @@ def plan_job(resolved: ResolvedJob) -> Plan:
     config = resolved.config
     return make_plan(resolved.graph, resolved.cluster, source=resolved.workflow_source,
                      agent_placement=config.workflow.agent_placement,
-                     samples_per_prompt=config.actor_rollout_ref.rollout.n)
+                     samples_per_prompt=config.actor_rollout_ref.rollout.n,
+                     split_rollout=config.splits_rollout,
+                     rollout_ranks=config.workflow.rollout_ranks)
 
 
 class RedisNotConfiguredError(UnavailableError):

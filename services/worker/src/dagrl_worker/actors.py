@@ -19,6 +19,7 @@ from dagrl_worker.dag_worker import DAGWorker
 from dagrl_worker.dataflow import open_shard_store
 from dagrl_worker.metrics import Summary
 from dagrl_worker.spec import WorkerSpec
+from dagrl_worker.weight_sync import Published
 
 
 @ray.remote
@@ -53,8 +54,15 @@ class DAGWorkerActor:
     def validate(self, step: int) -> Summary:
         return self.worker.validate(step)
 
-    def save_checkpoint(self, step: int) -> str:
-        return self.worker.save_checkpoint(step)
+    def save_checkpoint(self, step: int, generated_ahead: tuple[int, ...] = ()) -> str:
+        return self.worker.save_checkpoint(step, generated_ahead)
+
+    def publish_weights(self) -> Published:
+        return self.worker.publish_weights()
+
+    def receive_weights(self, version: int, *published: Published) -> int:
+        # Ray resolves each top-level ObjectRef argument to its value before the call
+        return self.worker.receive_weights(version, *published)
 
     def flush_telemetry(self) -> bool:
         return self.worker.flush_telemetry()

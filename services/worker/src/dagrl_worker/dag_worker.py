@@ -9,6 +9,11 @@ calls, in this order:
     validate(step)                               a validation pass -> metric summary
     save_checkpoint(step)                        collective, atomic
 
+Asynchronous training (`trainer.max_staleness`, the driver's `pipeline`) calls `run_step` on
+the rollout side's ranks ahead of the training side's; the trained weights then travel by
+`publish_weights` (training side, after its step) and `receive_weights` (rollout side,
+before the step that may use them) instead of the end-of-step broadcast.
+
 `walk` (one pass over some of this rank's nodes) serves both `run_step` and validation.
 
 Per step: prompts (this rank's dp slice) enter the entry nodes; each node on this rank
@@ -27,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dagrl import telemetry
+from dagrl import metrics_file, telemetry
 from dagrl.algorithms import AdaptiveKLController, FixedKLController, KLController
 from dagrl.batch import Batch
 from dagrl.config import JobConfig
@@ -35,7 +40,7 @@ from dagrl.engines import require_engine
 from dagrl.envs import check_agent_nodes
 from dagrl.errors import InvalidInputError
 from dagrl.job_rules import PRODUCED_BY, check_job
-from dagrl.workflow import NodeRole, TaskGraph
+from dagrl.workflow import NodeRole, NodeType, TaskGraph
 from dagrl_databuffer.keys import attempt_namespace, validation_namespace
 from dagrl_worker import checkpoint
 from dagrl_worker.builder import build_agent_models, build_executor, shared_tokenizer
@@ -46,7 +51,15 @@ from dagrl_worker.metrics import MetricSink, Reduce, Summary
 from dagrl_worker.plan_view import PlanView
 from dagrl_worker.prompt_source import PromptSource
 from dagrl_worker.prompts import dp_slice, prompts_to_batch
+from dagrl_worker.rank_sides import rank_sides
+from dagrl_worker.sample_ledger import SampleLedger
 from dagrl_worker.spec import WorkerSpec
+from dagrl_worker.staleness import (
+    ROLLOUT_VERSION,
+    guard_staleness,
+    stale_rows,
+    tag_rollout_version,
+)
 from dagrl_worker.training.parallel import DataParallel
 from dagrl_worker.validation import (
     ValidationRun,
@@ -56,12 +69,19 @@ from dagrl_worker.validation import (
 )
 from dagrl_worker.weight_sync import (
     ModelSync,
+    Published,
     SyncGroup,
+    load_published,
     plan_model_syncs,
+    publish_model,
     run_model_sync,
     sync_groups,
     trainer_ranks,
 )
+
+# loader states kept for checkpoints of steps the rollout side is past (asynchronous training
+# runs it at most max_staleness + 1 steps ahead; a bound keeps synchronous runs small)
+LOADER_STATES_KEPT = 64
 
 
 class DAGWorker:
@@ -86,6 +106,13 @@ class DAGWorker:
         self.data_job = spec.job_id  # set per attempt by init_graph
         self.weight_syncs: list[tuple[SyncGroup, dist.ProcessGroup | None]] = []
         self.model_syncs: list[ModelSync] = []
+        # asynchronous training: how far behind a trained sample may be (None: synchronous)
+        self.max_staleness = self.config.trainer.max_staleness
+        self.policy_version = 0  # updates behind the policy weights this rank holds
+        self.attempt = 0
+        self.loader_states: dict[int, dict[str, Any]] = {}  # step -> loader after its batch
+        self.pending_metrics = MetricSink()  # from calls between steps, reported with the next
+        self.ledger = SampleLedger(self.checkpoint_root / metrics_file.RUN_SUBDIR, rank)
         torch.manual_seed(self.config.trainer.seed * 1000 + rank)
         services = self.config.services
         self.telemetry = telemetry.setup(
@@ -137,7 +164,10 @@ class DAGWorker:
         check_job(self.config, self.graph)
         _check_model_parallel(self.plan, self.my_nodes)
         _check_redraws_stay_local(self.graph, self.plan)
+        if self.max_staleness is not None:
+            rank_sides(self.graph, self.plan)  # refuses a plan that cannot run ahead
         resume = self._latest_folder() if attempt else self._resume_folder()
+        self.attempt = attempt
         self.data_job = attempt_namespace(self.spec.job_id, attempt)
         self.prompts_source = PromptSource(self.config, shared_tokenizer(self.graph, self.config))
         self.total_steps = total_training_steps(self.config,
@@ -158,6 +188,7 @@ class DAGWorker:
         self.model_syncs = plan_model_syncs(self.graph, self.plan, self.rank, self.models,
                                             self.weight_syncs)
         first_step = self._load_checkpoint(resume) if resume else 1
+        self.policy_version = first_step - 1
         return first_step, self.total_steps
 
     def _target_groups(self, node_id: str) -> int:
@@ -171,19 +202,53 @@ class DAGWorker:
 
         `trace` is the driver's step-span context: this rank's spans join its trace.
         """
-        sink = MetricSink()
+        sink, self.pending_metrics = self.pending_metrics, MetricSink()
         started = time.perf_counter()
         assert self.prompts_source is not None
         global_prompts = self.prompts_source.next_batch()
+        self.loader_states[step] = self.prompts_source.state_dict()
+        self.loader_states.pop(step - LOADER_STATES_KEPT, None)
         ctx = StepContext(step, self.rank, self.config, sink, self.kl_controller,
-                          regenerate=lambda node_id, rnd: self._regenerate(step, node_id, rnd))
+                          regenerate=lambda node_id, rnd: self._regenerate(step, node_id, rnd),
+                          policy_version=self.policy_version)
         with telemetry.step_span(step, self.spec.job_id, parent=trace) as span:
             self.walk(ctx, global_prompts, self.order, self.router)
-            self._sync_weights(sink)
+            if self.max_staleness is None:
+                self._sync_weights(sink)
             span.add_tokens(int(sink.value(telemetry.KEY_TOKENS_GENERATED)))
         self.router.clear()
+        if self.max_staleness is None or self._trains():
+            self.policy_version = step  # updated here, or synced at the end of the step
         sink.add(telemetry.KEY_TIME_PER_STEP, time.perf_counter() - started, Reduce.MAX)
         return sink.summary()
+
+    def _trains(self) -> bool:
+        return any(self.graph[n].node_type == NodeType.MODEL_TRAIN
+                   and not self.graph[n].only_forward_compute for n in self.my_nodes)
+
+    def publish_weights(self) -> Published:
+        """Asynchronous training, on the training side after a step: every model the rollout
+        side uses, as host buckets from its first trainer (empty elsewhere). The driver passes
+        the value on by reference; the other trainers of a sharded model join its gathers."""
+        started = time.perf_counter()
+        published: Published = []
+        with telemetry.phase_span(telemetry.SPAN_WEIGHT_SYNC):
+            for sync in self.model_syncs:
+                published.extend(publish_model(sync, self.models[sync.agent_group], self.rank))
+        self.pending_metrics.add(telemetry.KEY_WEIGHT_SYNC_TIME, time.perf_counter() - started,
+                                 Reduce.MAX)
+        return published
+
+    def receive_weights(self, version: int, *published: Published) -> int:
+        """Asynchronous training, on the rollout side between steps: load the trainers'
+        `published` models (policy `version`); the next steps generate with them."""
+        started = time.perf_counter()
+        with telemetry.phase_span(telemetry.SPAN_WEIGHT_SYNC) as span:
+            moved = sum(load_published(self.models, models) for models in published)
+            span.add_bytes(moved)
+        self.policy_version = version
+        self._record_sync(self.pending_metrics, time.perf_counter() - started, moved)
+        return moved
 
     def _entry_input(self, node_id: str, step: int, rows: dict[str, list], tag: str,
                      is_global: bool = True) -> Batch:
@@ -209,11 +274,32 @@ class DAGWorker:
             node = self.graph[node_id]
             with telemetry.node_span(node_id, deps=node.dependencies) as span:
                 span.set_batch_size(len(batch))
-                output = run_node(self.executors[node_id], node_id, batch,
-                                  self._node_context(ctx, node_id))
+                output = self._run_node(node_id, batch, self._node_context(ctx, node_id))
             ctx.sink.add(telemetry.node_timing_key(node_id), time.perf_counter() - started,
                          Reduce.MAX)
             router.publish(step, node_id, output)
+
+    def _run_node(self, node_id: str, batch: Batch, ctx: StepContext) -> Batch:
+        """`run_node`, with the policy version on a rollout's samples and, before a model
+        update, the staleness bound kept (and the trained samples written to the ledger)."""
+        node = self.graph[node_id]
+        updates = node.node_type == NodeType.MODEL_TRAIN and not node.only_forward_compute
+        if updates and not ctx.validating:
+            batch = guard_staleness(batch, ctx.policy_version, self.max_staleness, ctx.sink)
+        output = run_node(self.executors[node_id], node_id, batch, ctx)
+        if node.node_role == NodeRole.ROLLOUT:
+            output = tag_rollout_version(output, ctx.policy_version)
+        if updates and node.node_role == NodeRole.ACTOR and not ctx.validating:
+            self._record_trained(node_id, batch, ctx)
+        return output
+
+    def _record_trained(self, node_id: str, batch: Batch, ctx: StepContext) -> None:
+        stale = stale_rows(batch, ctx.policy_version, self.max_staleness).tolist()
+        versions = (batch.tensors[ROLLOUT_VERSION].tolist() if ROLLOUT_VERSION in batch
+                    else [ctx.policy_version] * len(batch))
+        kept = [i for i, is_stale in enumerate(stale) if not is_stale]
+        self.ledger.record(self.attempt, ctx.step, node_id, [batch.uids[i] for i in kept],
+                           [int(versions[i]) for i in kept])
 
     def _node_context(self, ctx: StepContext, node_id: str) -> StepContext:
         """`ctx` for one node: in a multi-agent workflow its metrics go under `agent{g}/`."""
@@ -233,7 +319,10 @@ class DAGWorker:
             for sync in self.model_syncs:
                 moved += run_model_sync(sync, self.models[sync.agent_group], self.rank)
             span.add_bytes(moved)
-        seconds = time.perf_counter() - started
+        self._record_sync(sink, time.perf_counter() - started, moved)
+
+    @staticmethod
+    def _record_sync(sink: MetricSink, seconds: float, moved: int) -> None:
         sink.add(telemetry.KEY_WEIGHT_SYNC_TIME, seconds, Reduce.MAX)
         if moved:
             sink.add(telemetry.KEY_WEIGHT_SYNC_BYTES, moved, Reduce.SUM)
@@ -250,14 +339,15 @@ class DAGWorker:
                                                round_index, self.rank)
         ancestors = set(self.graph.ancestors(node_id))
         upstream = [n for n in self.order if n in ancestors]
-        ctx = StepContext(step, self.rank, self.config, MetricSink(), self.kl_controller)
+        ctx = StepContext(step, self.rank, self.config, MetricSink(), self.kl_controller,
+                          policy_version=self.policy_version)
         tag = f".r{round_index}.k{self.rank}"
         outputs: dict[str, Batch] = {}
         for upstream_id in upstream:
             parents = self.graph.parents(upstream_id)
             batch = (join_by_uid([outputs[p] for p in parents]) if parents
                      else self._entry_input(upstream_id, step, rows, tag, is_global=False))
-            outputs[upstream_id] = run_node(self.executors[upstream_id], upstream_id, batch, ctx)
+            outputs[upstream_id] = self._run_node(upstream_id, batch, ctx)
         parents = self.graph.parents(node_id)
         return join_by_uid([outputs[p] for p in parents])
 
@@ -269,7 +359,7 @@ class DAGWorker:
         router = validation_router(self.graph, self.plan, self.rank, self.store,
                                    validation_namespace(self.data_job, step))
         context = StepContext(0, self.rank, self.config, MetricSink(), self.kl_controller,
-                              validating=True)
+                              validating=True, policy_version=self.policy_version)
         run = ValidationRun(self.graph, self.plan, [n for n in self.order if n in wanted],
                             self.walk, router, context)
         return validate_workflow(run, self.prompts_source.val_rows(0, 1))
@@ -291,11 +381,14 @@ class DAGWorker:
         step = checkpoint.latest_step(self.checkpoint_root)
         return checkpoint.step_dir(self.checkpoint_root, step) if step is not None else None
 
-    def save_checkpoint(self, step: int) -> str:
+    def save_checkpoint(self, step: int, generated_ahead: tuple[int, ...] = ()) -> str:
+        """Checkpoint after training step `step`. `generated_ahead`: later steps the rollout
+        side had generated (asynchronous training); they are recorded, and a resume generates
+        them again from the same prompts (the loader is saved as of `step`)."""
         with telemetry.phase_span(telemetry.SPAN_CHECKPOINT_SAVE, {telemetry.ATTR_STEP: step}):
-            return self._save_checkpoint(step)
+            return self._save_checkpoint(step, generated_ahead)
 
-    def _save_checkpoint(self, step: int) -> str:
+    def _save_checkpoint(self, step: int, generated_ahead: tuple[int, ...]) -> str:
         tmp = checkpoint.begin(self.checkpoint_root, step, self.rank)
         rank_state: dict[str, Any] = {"rng": checkpoint.rng_state(),
                                       "kl_coef": self.kl_controller.value}
@@ -312,12 +405,19 @@ class DAGWorker:
                 rank_state[f"agent{agent}/{role}"] = engine.training_state()
         checkpoint.save_rank_state(tmp, self.rank, rank_state)
         if self.rank == 0:
-            assert self.prompts_source is not None
-            checkpoint.save_trainer_state(tmp, {"step": step,
-                                                "loader": self.prompts_source.state_dict()})
+            checkpoint.save_trainer_state(tmp, {"step": step, "loader": self._loader_at(step),
+                                                "generated_ahead": list(generated_ahead)})
         final = checkpoint.commit(self.checkpoint_root, step, self.rank,
                                   self.config.trainer.max_checkpoints_to_keep)
         return str(final)
+
+    def _loader_at(self, step: int) -> dict[str, Any]:
+        """The prompt loader's state right after step `step`'s batch (a rollout rank may be
+        steps ahead of the trained step), forgetting the states before it."""
+        assert self.prompts_source is not None
+        state = self.loader_states.get(step, self.prompts_source.state_dict())
+        self.loader_states = {s: v for s, v in self.loader_states.items() if s > step}
+        return state
 
     def _load_checkpoint(self, folder: Path) -> int:
         trainer_state = checkpoint.load_trainer_state(folder)

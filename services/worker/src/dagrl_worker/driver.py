@@ -9,7 +9,9 @@ Life of a job here:
 2. one `DAGWorkerActor` per rank; rank 0 names the rendezvous; every rank joins the
    world group and creates the plan's process groups; `init_graph` on all;
 3. per step, `run_step` on all ranks; the driver receives only metric summaries, merges
-   them, tracks them, reports progress, saves checkpoints and validates on schedule;
+   them, tracks them, reports progress, saves checkpoints and validates on schedule
+   (asynchronous training, `trainer.max_staleness`: the rollout side's ranks run ahead of
+   the training side's, `pipeline.Pipeline`);
 4. when a rank dies, the driver kills the others and starts over from the last
    committed checkpoint, up to `trainer.max_restarts` times; then the job fails.
 
@@ -42,6 +44,8 @@ from dagrl.telemetry import names
 from dagrl_worker.actors import DAGWorkerActor
 from dagrl_worker.driver_args import parse_args
 from dagrl_worker.metrics import COMPUTE_SECONDS, merge
+from dagrl_worker.pipeline import Pipeline
+from dagrl_worker.rank_sides import rank_sides
 from dagrl_worker.run_lock import RunLock
 from dagrl_worker.spec import WorkerSpec
 from dagrl_worker.tracking import Tracker
@@ -61,6 +65,8 @@ class JobOutcome:
     restarts: int = 0
     history: list[dict[str, float]] = field(default_factory=list)
     driver_bytes_per_step: list[int] = field(default_factory=list)
+    # asynchronous training: (side, step, start, end) per side task, perf_counter seconds
+    timeline: list[tuple[str, int, float, float]] = field(default_factory=list)
 
 
 class Driver:
@@ -161,17 +167,21 @@ class Driver:
         self.total_steps = total
         trainer = self.config.trainer
         if first_step == 1 and (trainer.val_before_train or trainer.val_only):
-            self._validate(workers, 0)
+            self.validate(workers, 0)
         if trainer.val_only:
             return
+        if trainer.max_staleness is not None:
+            sides = rank_sides(self.spec.workflow(), self.plan)
+            Pipeline(self, workers, sides, first_step, total, trainer.max_staleness).run()
+            return
         for step in range(first_step, total + 1):
-            self._check_cancel()
+            self.check_cancel()
             self._step(workers, step, total)
             is_last = step == total
             if trainer.save_freq > 0 and (step % trainer.save_freq == 0 or is_last):
                 ray.get([w.save_checkpoint.remote(step) for w in workers])
             if trainer.test_freq > 0 and (step % trainer.test_freq == 0 or is_last):
-                self._validate(workers, step)
+                self.validate(workers, step)
 
     def _step(self, workers: list[Any], step: int, total: int) -> None:
         started = time.perf_counter()
@@ -179,15 +189,19 @@ class Driver:
                                  attrs={telemetry.ATTR_NUM_RANKS: len(workers)}) as root:
             carrier = telemetry.inject_context()
             summaries = ray.get([w.run_step.remote(step, carrier) for w in workers])
-            metrics = self._merge(summaries, time.perf_counter() - started)
+            metrics = self.merge(summaries, time.perf_counter() - started)
             for name, value in metrics.items():
                 root.record_metric(name, value)
+        self.finish_step(step, metrics)
+
+    def finish_step(self, step: int, metrics: dict[str, float]) -> None:
+        """A trained step's merged metrics into the history, the trackers and the store."""
         self.outcome.history.append(metrics)
         self.outcome.last_step = step
         self.tracker.log(metrics, step)
-        self._report(step, total, metrics)
+        self._report(step, self.total_steps, metrics)
 
-    def _merge(self, summaries: list[Any], elapsed: float) -> dict[str, float]:
+    def merge(self, summaries: list[Any], elapsed: float) -> dict[str, float]:
         """Fold the ranks' summaries; add throughput, per-token timings, driver bytes."""
         received = len(pickle.dumps(summaries))
         metrics = merge(summaries)
@@ -206,7 +220,7 @@ class Driver:
         self.outcome.driver_bytes_per_step.append(received)
         return metrics
 
-    def _validate(self, workers: list[Any], step: int) -> None:
+    def validate(self, workers: list[Any], step: int) -> None:
         metrics = merge(ray.get([w.validate.remote(step) for w in workers]))
         if metrics:
             self.outcome.history.append({"val_step": float(step), **metrics})
@@ -218,7 +232,7 @@ class Driver:
         if self.store is not None:
             self.store.report_progress(self.spec.job_id, step, total, self.latest)
 
-    def _check_cancel(self) -> None:
+    def check_cancel(self) -> None:
         if self.cancelled or (self.store is not None
                               and self.store.is_cancel_requested(self.spec.job_id)):
             raise JobCancelled()

@@ -16,6 +16,12 @@ bucket layout is a pure function of the tensors' names, shapes and dtypes (`plan
 a receiver computes it from a meta-device copy of the model, without any metadata on the wire.
 A bucket never splits a decoder layer: vLLM processes a layer (fused q/k/v, gate/up, CPU
 repacking) once all of its tensors arrived in one reload.
+
+Asynchronous training (`trainer.max_staleness`) cannot broadcast: the receivers are busy
+generating a later step. There the first trainer publishes the model's buckets as a value
+(`publish_model`; the driver keeps it in the Ray object store, one version at a time) and a
+rollout rank loads them when the driver tells it to (`load_published`), between its steps.
+The price is one host copy of the model per published version.
 """
 
 from __future__ import annotations
@@ -187,6 +193,38 @@ def run_model_sync(sync: ModelSync, models: AgentModels, rank: int) -> int:
                                   _group_device(sync.handle))
         _load_received(models, sync.role, bucket)
         moved += bucket_bytes(bucket)
+    return moved
+
+
+Published = list[tuple[int, NodeRole, list[Bucket]]]  # (agent, role, buckets) per model
+
+
+def publish_model(sync: ModelSync, models: AgentModels, rank: int) -> Published:
+    """One model's buckets on host memory from its first trainer (the other trainers of a
+    sharded model join its gathers and publish nothing)."""
+    if not sync.gathers or sync.group is None:
+        return []
+    engine = models.actor if sync.role == NodeRole.ACTOR else models.critic
+    assert engine is not None
+    specs = specs_of(engine.inner.state_dict().items())
+    is_source = rank == sync.group.source
+    buckets = []
+    for bucket in group_into_buckets(engine.full_tensors(), plan_buckets(specs)):
+        if is_source:  # the object store copies it when the call returns
+            buckets.append([(name, tensor.detach().cpu()) for name, tensor in bucket])
+    return [(sync.agent_group, sync.role, buckets)] if is_source else []
+
+
+def load_published(models: dict[int, AgentModels], published: Published) -> int:
+    """Load published models into this rank's replicas and engines; returns the bytes."""
+    moved = 0
+    for agent, role, buckets in published:
+        local = models.get(agent)
+        if local is None:
+            continue
+        for bucket in buckets:
+            _load_received(local, role, bucket)
+            moved += bucket_bytes(bucket)
     return moved
 
 

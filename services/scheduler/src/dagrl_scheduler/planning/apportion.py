@@ -157,7 +157,7 @@ def _check_minimums(shares: Sequence[Share], free: list[int], total: int, remain
     if remaining < 0 or needed > remaining:
         pinned = total - remaining
         labels = "; ".join(s.label or f"#{i}" for i, s in enumerate(shares))
-        why = f" ({pinned} pinned by dp_size)" if pinned else ""
+        why = f" ({pinned} pinned by dp_size or workflow.rollout_ranks)" if pinned else ""
         raise InsufficientResourcesError(
             f"{len(shares)} subgraph(s) need at least {pinned + needed} ranks{why}, one "
             f"data-parallel replica each, but {scope} has {total}: {labels}; add machines or "

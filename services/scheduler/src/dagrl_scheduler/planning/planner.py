@@ -19,19 +19,23 @@ from dagrl_scheduler.planning.errors import InsufficientResourcesError, Planning
 from dagrl_scheduler.planning.groups import layouts, node_ranks, process_groups
 from dagrl_scheduler.planning.placement import SlotRun, pack_pool, spread_over_pools
 from dagrl_scheduler.planning.plan import Plan, RankPlacement, SubgraphPlan
-from dagrl_scheduler.planning.split import split_agents
+from dagrl_scheduler.planning.split import split_agents, split_rollout_side
 
 
 def make_plan(graph: TaskGraph, cluster: Cluster, *, source: str | None = None,
-              agent_placement: AgentPlacement = "colocate", samples_per_prompt: int = 1) -> Plan:
+              agent_placement: AgentPlacement = "colocate", samples_per_prompt: int = 1,
+              split_rollout: bool = False, rollout_ranks: int | None = None) -> Plan:
     """Plan `graph` onto every usable slot of `cluster`; same inputs, same plan.
 
     `source` names the workflow file in error messages; `agent_placement` says how the agents
     of a multi-agent workflow share ranks (`split.split_agents`); `samples_per_prompt`
     (rollout.n) weighs the nodes of chained agents, which see n times the rows of the agent
-    before them (`demands`).
+    before them (`demands`). `split_rollout` plans two subgraphs, the rollout side (subgraph 0)
+    and the training side (`split.split_rollout_side`), on ranks of their own: `rollout_ranks`
+    of them for the rollout side, or its share by cost.
     """
-    pieces = split_agents(graph, agent_placement)
+    pieces = (split_rollout_side(graph) if split_rollout
+              else split_agents(graph, agent_placement))
     demands, unit = node_demands(graph, source, samples_per_prompt)
     holders = _holders(pieces)
     with _suggest_other_placement(graph, agent_placement, demands):
@@ -43,9 +47,12 @@ def make_plan(graph: TaskGraph, cluster: Cluster, *, source: str | None = None,
         costs = [float(max(demands[n].rows for n in piece)) for piece in pieces]
     else:
         costs = [sum(demands[n].cost / holders[n] for n in piece) for piece in pieces]
+    pins = [_pinned(graph, piece, demands, holders) for piece in pieces]
+    if split_rollout and rollout_ranks is not None:
+        pins[0] = _rollout_pin(graph, pieces[0], pins[0], rollout_ranks, demands)
     shares = [
-        Share(cost, _granule(piece, demands), _pinned(graph, piece, demands, holders),
-              eligible[i], _label(i, piece), requirements[i].describe())
+        Share(cost, _granule(piece, demands), pins[i], eligible[i], _label(i, piece),
+              requirements[i].describe())
         for i, (piece, cost) in enumerate(zip(pieces, costs, strict=True))
     ]
     with _suggest_other_placement(graph, agent_placement, demands):
@@ -153,6 +160,22 @@ def _pinned(graph: TaskGraph, piece: Sequence[str], demands: Mapping[str, NodeDe
             f"tp_size x pp_size that the other nodes of its subgraph ({', '.join(piece)}) need",
             where=where)
     return pinned
+
+
+def _rollout_pin(graph: TaskGraph, piece: Sequence[str], pinned: int | None, wanted: int,
+                 demands: Mapping[str, NodeDemand]) -> int:
+    """`workflow.rollout_ranks` as the rollout side's exact rank count, if it agrees with the
+    side's own nodes (dp_size, tp_size x pp_size)."""
+    where = f"workflow {graph.dag_id!r}"
+    if pinned is not None and pinned != wanted:
+        raise PlanningError(f"workflow.rollout_ranks = {wanted} but the rollout side's dp_size x "
+                            f"tp_size x pp_size asks for {pinned} ranks; make them agree",
+                            where=where)
+    granule = _granule(piece, demands)
+    if wanted % granule:
+        raise PlanningError(f"workflow.rollout_ranks = {wanted} is not a multiple of {granule}, "
+                            "the tp_size x pp_size of the rollout side's nodes", where=where)
+    return wanted
 
 
 def _check_eligible(pieces: Sequence[Sequence[str]], requirements: Sequence[Requirement],

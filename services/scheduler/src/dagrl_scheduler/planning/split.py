@@ -18,6 +18,11 @@ A multi-agent workflow is first divided by agent (`split_agents`): `colocate` ke
 (every agent on every rank), `spread` gives each agent group's nodes pieces of their own, so
 each agent gets ranks of its own; the rules then apply within each agent's nodes.
 
+Asynchronous training (`workflow.split_rollout`, `split_rollout_side`) first cuts the workflow
+into its rollout and training sides (`dagrl.workflow.sides`), one piece each: the sides
+take turns with no one (the rollout side runs ahead), and a whole training side shares its
+ranks between its updates (PPO's actor and critic) as a colocated plan does.
+
 Sets of nodes are Python ints used as bitsets over topological positions, so a split is a few
 integer operations per node and the result never depends on set iteration order.
 """
@@ -29,6 +34,7 @@ from dataclasses import dataclass
 
 from dagrl.config import AgentPlacement
 from dagrl.workflow import TaskGraph
+from dagrl.workflow.sides import split_sides
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,13 @@ def split_agents(graph: TaskGraph, placement: AgentPlacement) -> tuple[tuple[str
         own = graph.subgraph(n.node_id for n in graph.nodes if n.agent_group == agent)
         pieces.extend(split_workflow(own))
     return tuple(pieces)
+
+
+def split_rollout_side(graph: TaskGraph) -> tuple[tuple[str, ...], ...]:
+    """The rollout side, then the training side: no node is in both, so the two never share
+    a rank."""
+    sides = split_sides(graph)
+    return (sides.rollout, sides.training)
 
 
 def _split_once(dag: _Dag, piece: int) -> list[int] | None:

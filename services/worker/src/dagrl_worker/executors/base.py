@@ -55,6 +55,9 @@ class StepContext:
     dp: DataParallel = field(default_factory=DataParallel)
     # a validation pass: rollouts sample with the val parameters (`models.rollout_sampling`)
     validating: bool = False
+    # updates behind the policy weights this rank holds (`staleness`): a rollout's samples
+    # carry it, an update compares its samples' versions with it
+    policy_version: int = 0
 
 
 class Executor(Protocol):

@@ -1,0 +1,93 @@
+"""`workflow.split_rollout`: the rollout side and the training side on ranks of their own."""
+
+from __future__ import annotations
+
+import pytest
+
+from dagrl.config import load_job_config
+from dagrl.errors import ConfigError, WorkflowError
+from dagrl.workflow import Node, NodeRole, NodeType, TaskGraph, load_workflow
+from dagrl.workflow.sides import split_sides
+from dagrl_scheduler.planning import (
+    Cluster,
+    InsufficientResourcesError,
+    PlanningError,
+    make_plan,
+)
+
+
+def _sides_of(workflow: str, slots: int, **options: object) -> list[tuple[set[str], set[int]]]:
+    plan = make_plan(load_workflow(workflow), Cluster.homogeneous(1, slots, device_kind="cpu"),
+                     split_rollout=True, **options)  # type: ignore[arg-type]
+    return [(set(s.node_ids), set(s.ranks)) for s in plan.subgraphs]
+
+
+def test_grpo_splits_into_rollout_and_training_on_disjoint_ranks() -> None:
+    (rollout, rollout_ranks), (training, training_ranks) = _sides_of("grpo", 2)
+    assert rollout == {"rollout", "reward", "advantage"}
+    assert training == {"old_log_prob", "ref_log_prob", "actor_train"}
+    assert rollout_ranks == {0} and training_ranks == {1}
+
+
+def test_ppo_keeps_the_critic_and_its_advantage_on_the_training_side() -> None:
+    (rollout, _), (training, _) = _sides_of("ppo", 2)
+    assert rollout == {"rollout", "reward"}
+    assert {"values", "advantage", "critic_train", "actor_train"} <= training
+
+
+def test_dapo_keeps_dynamic_sampling_with_the_rollout() -> None:
+    (rollout, _), _ = _sides_of("dapo", 2)
+    assert rollout == {"rollout", "reward", "dynamic_sampling", "advantage"}
+
+
+def test_multi_agent_rollouts_share_the_rollout_side() -> None:
+    (rollout, _), (training, _) = _sides_of("two_agent", 2)
+    assert {"agent0_rollout", "agent1_rollout", "reward"} <= rollout
+    assert {"agent0_actor_train", "agent1_actor_train"} <= training
+
+
+def test_rollout_ranks_pins_the_rollout_side_and_cost_apportions_otherwise() -> None:
+    (_, pinned), (_, rest) = _sides_of("grpo", 8, rollout_ranks=3)
+    assert len(pinned) == 3 and len(rest) == 5 and not pinned & rest
+    (_, by_cost), (_, others) = _sides_of("grpo", 8)
+    assert len(by_cost) + len(others) == 8 and by_cost and others
+
+
+def test_rollout_ranks_that_leave_no_room_for_training_fails_with_the_reason() -> None:
+    with pytest.raises(InsufficientResourcesError, match="rollout_ranks"):
+        _sides_of("grpo", 2, rollout_ranks=2)
+    pinned = load_workflow({"dag_id": "pinned", "nodes": [
+        {"node_id": "rollout", "node_type": "MODEL_INFERENCE", "node_role": "ROLLOUT",
+         "config": {"dp_size": 1}},
+        {"node_id": "actor_train", "node_type": "MODEL_TRAIN", "node_role": "ACTOR",
+         "dependencies": ["rollout"]},
+    ]})
+    with pytest.raises(PlanningError, match="rollout_ranks = 2 but"):
+        make_plan(pinned, Cluster.homogeneous(1, 4, device_kind="cpu"), split_rollout=True,
+                  rollout_ranks=2)
+
+
+def test_a_rollout_fed_by_training_cannot_run_ahead() -> None:
+    graph = TaskGraph("late", [
+        Node("gen", NodeType.MODEL_INFERENCE, NodeRole.ROLLOUT, ()),
+        Node("train", NodeType.MODEL_TRAIN, NodeRole.ACTOR, ("gen",)),
+        Node("gen2", NodeType.MODEL_INFERENCE, NodeRole.ROLLOUT, ("train",)),
+    ])
+    with pytest.raises(WorkflowError, match="'gen2'"):
+        split_sides(graph)
+
+
+def test_max_staleness_implies_the_split_and_off_policy_needs_a_correction() -> None:
+    config = load_job_config(data={"trainer": {"max_staleness": 0}})
+    assert config.splits_rollout
+    assert not load_job_config(data={}).splits_rollout
+    with pytest.raises(ConfigError, match="split_rollout"):
+        load_job_config(data={"trainer": {"max_staleness": 0},
+                         "workflow": {"split_rollout": False}})
+    with pytest.raises(ConfigError, match="use_rollout_log_probs"):
+        load_job_config(data={"trainer": {"max_staleness": 1}})
+    corrected = load_job_config(data={"trainer": {"max_staleness": 1},
+                                 "algorithm": {"rollout_correction": {"mode": "token"}}})
+    assert corrected.trainer.max_staleness == 1
+    with pytest.raises(ConfigError, match="max_staleness"):
+        load_job_config(data={"trainer": {"max_staleness": -1}})

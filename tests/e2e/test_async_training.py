@@ -1,0 +1,120 @@
+"""Asynchronous training (`trainer.max_staleness`) through real Ray actors, gloo and Redis.
+
+The plan is the scheduler's with `workflow.split_rollout`: rollout, reward and advantage on
+rank 0, log-probs, reference and the update on rank 1. Which samples each step trained on
+comes from the run's ledger (`sample_ledger`).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from dagrl.jobs import JobState
+from dagrl.local import LocalRedis
+from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
+from dagrl.workflow import load_workflow
+from dagrl_scheduler.planning import Cluster, make_plan
+from dagrl_worker.sample_ledger import read_trained
+
+from .test_training import _actor_weights, run_job, series
+
+pytestmark = pytest.mark.e2e
+QUIET = {"val_before_train": False, "test_freq": -1}
+BEHAVIOUR_LOG_PROBS = {"actor.use_rollout_log_probs": True}
+
+
+def split_plan(workflow: str = "grpo") -> scheduler_pb2.Plan:
+    plan = make_plan(load_workflow(workflow), Cluster.homogeneous(1, 2, device_kind="cpu"),
+                     split_rollout=True)
+    return plan.to_proto()
+
+
+def trained_samples(run_dir: Path) -> dict[int, list[str]]:
+    """step -> the uid of each trained sample in training order: `s<step>:<dataset index>/<k>`
+    names the prompt and which of its n samples."""
+    return {step: [uid for row in rows for uid in row["uids"]]
+            for step, rows in read_trained(run_dir).items()}
+
+
+def test_staleness_zero_equals_the_synchronous_run(ray_session: None, assets: Path,
+                                                   redis_server: LocalRedis,
+                                                   tmp_path: Path) -> None:
+    trainer = {"total_training_steps": 3, "save_freq": 3, **QUIET}
+    _, sync = run_job(assets, redis_server, tmp_path / "sync", plan=split_plan(),
+                      trainer=trainer)
+    _, staleness0 = run_job(assets, redis_server, tmp_path / "async", plan=split_plan(),
+                            trainer={**trainer, "max_staleness": 0})
+    assert sync.state == staleness0.state == JobState.SUCCEEDED, (sync.reason,
+                                                                   staleness0.reason)
+    expected = _actor_weights(tmp_path / "sync" / "ckpt", 3)
+    actual = _actor_weights(tmp_path / "async" / "ckpt", 3)
+    assert expected.keys() == actual.keys()
+    for name, tensor in expected.items():
+        assert float((tensor - actual[name]).abs().max()) <= 1e-6, name
+    assert series(staleness0, "async/staleness/max") == [0.0, 0.0, 0.0]
+    assert (trained_samples(tmp_path / "sync" / "ckpt" / "runs")
+            == trained_samples(tmp_path / "async" / "ckpt" / "runs"))
+    # on-policy means no overlap: the rollout of t + 1 starts after the training of t ends
+    assert sorted((side, step) for side, step, _, _ in staleness0.timeline) == [
+        (side, step) for side in ("rollout", "training") for step in (1, 2, 3)]
+    trained_at = {s: end for side, s, _, end in staleness0.timeline if side == "training"}
+    for side, step, start, _ in staleness0.timeline:
+        if side == "rollout" and step > 1:
+            assert start >= trained_at[step - 1]
+
+
+def test_staleness_one_overlaps_and_keeps_the_bound(ray_session: None, assets: Path,
+                                                    redis_server: LocalRedis,
+                                                    tmp_path: Path) -> None:
+    _, outcome = run_job(assets, redis_server, tmp_path, plan=split_plan(),
+                         trainer={"total_training_steps": 6, "max_staleness": 1, **QUIET},
+                         actor_rollout_ref=BEHAVIOUR_LOG_PROBS)
+    assert outcome.state == JobState.SUCCEEDED, outcome.reason
+    windows = {(side, step): (start, end) for side, step, start, end in outcome.timeline}
+    overlapped = [t for t in range(1, 6)
+                  if windows["rollout", t + 1][0] < windows["training", t][1]]
+    assert overlapped, outcome.timeline  # the rollout of t + 1 ran while t trained
+    ledger = read_trained(tmp_path / "ckpt" / "runs")
+    assert sorted(ledger) == list(range(1, 7))
+    for step, rows in ledger.items():
+        versions = [v for row in rows for v in row["rollout_versions"]]
+        assert versions and all(step - 2 <= v <= step - 1 for v in versions), (step, versions)
+    assert max(series(outcome, "async/staleness/max")) == 1.0
+    assert all(math.isfinite(x) for x in series(outcome, "actor/pg_loss"))
+    assert sum(series(outcome, "async/stale_dropped")) == 0.0
+
+
+def test_async_restart_trains_every_prompt_once_in_order(ray_session: None, assets: Path,
+                                                         redis_server: LocalRedis,
+                                                         tmp_path: Path) -> None:
+    trainer = {"total_training_steps": 6, "save_freq": 3, "max_staleness": 1, **QUIET}
+    _, straight = run_job(assets, redis_server, tmp_path / "straight", plan=split_plan(),
+                          trainer=trainer, actor_rollout_ref=BEHAVIOUR_LOG_PROBS)
+    _, killed = run_job(assets, redis_server, tmp_path / "killed", plan=split_plan(),
+                        trainer=trainer, actor_rollout_ref=BEHAVIOUR_LOG_PROBS,
+                        kill_after_checkpoint=True)
+    assert straight.state == killed.state == JobState.SUCCEEDED, killed.reason
+    assert killed.restarts == 1
+    expected = trained_samples(tmp_path / "straight" / "ckpt" / "runs")
+    assert sorted(expected) == list(range(1, 7))
+    assert trained_samples(tmp_path / "killed" / "ckpt" / "runs") == expected
+
+
+def test_stale_samples_leave_the_loss() -> None:
+    from dagrl.batch import Batch
+    from dagrl_worker.metrics import MetricSink
+    from dagrl_worker.staleness import ROLLOUT_VERSION, guard_staleness
+
+    mask = torch.ones(4, 3, dtype=torch.long)
+    batch = Batch(tensors={"response_mask": mask,
+                           ROLLOUT_VERSION: torch.tensor([5, 4, 3, 2])},
+                  columns={"uid": ["a", "b", "c", "d"]})
+    sink = MetricSink()
+    guarded = guard_staleness(batch, policy_version=5, max_staleness=1, sink=sink)
+    assert guarded.tensors["response_mask"].sum(dim=1).tolist() == [3, 3, 0, 0]
+    assert sink.value("async/stale_dropped") == 2.0
+    assert sink.value("async/staleness/max") == 3.0
