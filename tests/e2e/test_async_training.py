@@ -25,12 +25,16 @@ from .test_training import _actor_weights, run_job, series
 pytestmark = pytest.mark.e2e
 QUIET = {"val_before_train": False, "test_freq": -1}
 BEHAVIOUR_LOG_PROBS = {"actor.use_rollout_log_probs": True}
+ACCURACY_STEPS = 24  # validation accuracy must rise >= 10 points in these
 
 
 def split_plan(workflow: str = "grpo") -> scheduler_pb2.Plan:
     plan = make_plan(load_workflow(workflow), Cluster.homogeneous(1, 2, device_kind="cpu"),
                      split_rollout=True)
     return plan.to_proto()
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def trained_samples(run_dir: Path) -> dict[int, list[str]]:
@@ -67,25 +71,48 @@ def test_staleness_zero_equals_the_synchronous_run(ray_session: None, assets: Pa
             assert start >= trained_at[step - 1]
 
 
-def test_staleness_one_overlaps_and_keeps_the_bound(ray_session: None, assets: Path,
-                                                    redis_server: LocalRedis,
-                                                    tmp_path: Path) -> None:
+def test_staleness_one_overlaps_keeps_the_bound_and_learns(ray_session: None, assets: Path,
+                                                           redis_server: LocalRedis,
+                                                           tmp_path: Path) -> None:
+    steps = ACCURACY_STEPS
     _, outcome = run_job(assets, redis_server, tmp_path, plan=split_plan(),
-                         trainer={"total_training_steps": 6, "max_staleness": 1, **QUIET},
+                         trainer={"total_training_steps": steps, "max_staleness": 1,
+                                  "val_before_train": True, "test_freq": steps},
                          actor_rollout_ref=BEHAVIOUR_LOG_PROBS)
     assert outcome.state == JobState.SUCCEEDED, outcome.reason
     windows = {(side, step): (start, end) for side, step, start, end in outcome.timeline}
-    overlapped = [t for t in range(1, 6)
+    overlapped = [t for t in range(1, steps)
                   if windows["rollout", t + 1][0] < windows["training", t][1]]
-    assert overlapped, outcome.timeline  # the rollout of t + 1 ran while t trained
+    assert len(overlapped) >= steps // 2, outcome.timeline  # t + 1 generated while t trained
+    accuracy = series(outcome, "val/arith/accuracy")
+    assert len(accuracy) == 2 and accuracy[1] >= accuracy[0] + 0.10, accuracy
     ledger = read_trained(tmp_path / "ckpt" / "runs")
-    assert sorted(ledger) == list(range(1, 7))
+    assert sorted(ledger) == list(range(1, steps + 1))
     for step, rows in ledger.items():
         versions = [v for row in rows for v in row["rollout_versions"]]
         assert versions and all(step - 2 <= v <= step - 1 for v in versions), (step, versions)
     assert max(series(outcome, "async/staleness/max")) == 1.0
     assert all(math.isfinite(x) for x in series(outcome, "actor/pg_loss"))
     assert sum(series(outcome, "async/stale_dropped")) == 0.0
+
+
+@pytest.mark.parametrize(("example", "workflow", "trained_metric"), [
+    ("ppo_arith", "ppo", "critic/vf_loss"),  # the critic trains on the training side
+    ("multiturn_math", str(EXAMPLES / "multiturn_math_workflow.yaml"), "actor/pg_loss"),
+])
+def test_ppo_and_multi_turn_train_asynchronously(example: str, workflow: str,
+                                                 trained_metric: str, ray_session: None,
+                                                 assets: Path, redis_server: LocalRedis,
+                                                 tmp_path: Path) -> None:
+    _, outcome = run_job(assets, redis_server, tmp_path, example=example,
+                         plan=split_plan(workflow),
+                         trainer={"total_training_steps": 3, "max_staleness": 1, **QUIET},
+                         actor_rollout_ref=BEHAVIOUR_LOG_PROBS)
+    assert outcome.state == JobState.SUCCEEDED, outcome.reason
+    losses = series(outcome, trained_metric)
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
+    assert max(series(outcome, "async/staleness/max")) <= 1.0
+    assert sorted(read_trained(tmp_path / "ckpt" / "runs")) == [1, 2, 3]
 
 
 def test_async_restart_trains_every_prompt_once_in_order(ray_session: None, assets: Path,
