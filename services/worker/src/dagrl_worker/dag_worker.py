@@ -112,7 +112,8 @@ class DAGWorker:
         self.attempt = 0
         self.loader_states: dict[int, dict[str, Any]] = {}  # step -> loader after its batch
         self.pending_metrics = MetricSink()  # from calls between steps, reported with the next
-        self.ledger = SampleLedger(self.checkpoint_root / metrics_file.RUN_SUBDIR, rank)
+        self.ledger = SampleLedger(self.checkpoint_root / metrics_file.RUN_SUBDIR, rank,
+                                   spec.job_id)
         torch.manual_seed(self.config.trainer.seed * 1000 + rank)
         services = self.config.services
         self.telemetry = telemetry.setup(
