@@ -78,6 +78,10 @@ class ActorConfig:
     kl_loss_type: Literal["kl", "abs", "mse", "low_var_kl"] = option("low_var_kl", "estimator")
     use_rollout_log_probs: bool = option(
         False, "use the rollout engine's log-probs as old log-probs (skips that forward pass)")
+    old_log_prob_from_update: bool = option(
+        True, "when the update is one mini-batch for one epoch, take the old log-probs from "
+        "its own forward (detached) instead of a separate pass: the policy has not moved "
+        "(false: always run the pass)")
     optim: OptimConfig = nested(OptimConfig, "actor optimizer")
 
     def check(self) -> list[str]:

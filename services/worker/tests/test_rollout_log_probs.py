@@ -94,6 +94,39 @@ def test_skipping_the_old_log_prob_pass_gives_the_same_update(tiny_checkpoint: P
         assert float((a - b).abs().max()) <= 1e-5
 
 
+def test_one_pass_update_takes_old_log_probs_from_its_own_forward(tiny_checkpoint: Path,
+                                                                  tmp_path: Path) -> None:
+    """One mini-batch, one epoch: the old-log-prob pass is left to the update's forward
+    (`redundant_passes`); the update equals the one with the pass."""
+    results = {}
+    for fused in (False, True):
+        worker = _worker(tiny_checkpoint, tmp_path, f"fused{fused}", ppo_mini_batch_size=4,
+                         old_log_prob_from_update=fused)
+        worker.init_graph()
+        before = _params(worker)
+        summary = worker.run_step(1)
+        results[fused] = (summary, _params(worker))
+    with_pass, fused_summary = results[False][0], results[True][0]
+    assert "actor/old_log_prob_pass_skipped" not in with_pass
+    assert fused_summary["actor/old_log_prob_pass_skipped"][1] == 1.0
+    assert fused_summary["timing_s/old_log_prob"][1] < with_pass["timing_s/old_log_prob"][1]
+    assert fused_summary["rollout_corr/max_abs_diff"][1] <= 1e-5  # measured in the update
+    assert any(not torch.equal(a, b) for a, b in zip(before, results[True][1], strict=True))
+    for a, b in zip(results[False][1], results[True][1], strict=True):
+        assert float((a - b).abs().max()) <= 1e-6
+    # Adam's first step hides a scaled gradient: the loss and the gradient itself must agree
+    for name in ("actor/pg_loss", "actor/ppo_kl", "actor/grad_norm"):
+        assert fused_summary[name][1] == pytest.approx(with_pass[name][1], rel=1e-5,
+                                                       abs=1e-7), name
+
+
+def test_several_mini_batches_keep_the_old_log_prob_pass(tiny_checkpoint: Path,
+                                                         tmp_path: Path) -> None:
+    worker = _worker(tiny_checkpoint, tmp_path, "two_minis", ppo_mini_batch_size=2)
+    worker.init_graph()
+    assert "actor/old_log_prob_pass_skipped" not in worker.run_step(1)
+
+
 @pytest.mark.parametrize("mode", ["token", "sequence"])
 def test_truncated_importance_sampling_trains_and_reports(tiny_checkpoint: Path,
                                                           tmp_path: Path, mode: str) -> None:

@@ -203,8 +203,10 @@ def _training_dp(nodes: list[Node], role: NodeRole,
 
 
 def build_executor(node: Node, models: AgentModels, config: JobConfig, target_groups: int,
-                   group: dist.ProcessGroup | None) -> Executor:
-    """The executor of one node (see the module docstring)."""
+                   group: dist.ProcessGroup | None, *,
+                   old_log_probs_in_update: bool = False) -> Executor:
+    """The executor of one node (see the module docstring). `old_log_probs_in_update`: a
+    forward-only ACTOR node leaves its pass to the update (`redundant_passes`)."""
     problems = agent_node_problems(node)
     if problems:
         raise ConfigError(problems)
@@ -227,7 +229,7 @@ def build_executor(node: Node, models: AgentModels, config: JobConfig, target_gr
     if role == NodeRole.ACTOR:
         engine = _need(models.actor, node, "an actor model")
         if node.only_forward_compute:
-            return OldLogProbExecutor(engine)
+            return OldLogProbExecutor(engine, in_update=old_log_probs_in_update)
         return ActorTrainExecutor(engine)
     if role == NodeRole.REFERENCE:
         return ReferenceLogProbExecutor(models)

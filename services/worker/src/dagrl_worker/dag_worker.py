@@ -52,6 +52,7 @@ from dagrl_worker.plan_view import PlanView
 from dagrl_worker.prompt_source import PromptSource
 from dagrl_worker.prompts import dp_slice, prompts_to_batch
 from dagrl_worker.rank_sides import rank_sides
+from dagrl_worker.redundant_passes import old_log_probs_in_update
 from dagrl_worker.sample_ledger import SampleLedger
 from dagrl_worker.spec import WorkerSpec
 from dagrl_worker.staleness import (
@@ -183,7 +184,9 @@ class DAGWorker:
             group = self.plan.group_of(node_id)
             self.executors[node_id] = build_executor(
                 node, self.models[node.agent_group], self.config,
-                self._target_groups(node_id), self.groups.get(group.name) if group else None)
+                self._target_groups(node_id), self.groups.get(group.name) if group else None,
+                old_log_probs_in_update=node.only_forward_compute
+                and old_log_probs_in_update(self.graph, node_id, self.config))
         self.router = EdgeRouter(self.graph, self.plan, self.rank, self.data_job,
                                  self.store, balance_batch=self.config.trainer.balance_batch)
         self.model_syncs = plan_model_syncs(self.graph, self.plan, self.rank, self.models,

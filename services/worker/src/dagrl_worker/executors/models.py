@@ -82,19 +82,25 @@ class OldLogProbExecutor:
     """ACTOR, forward only: log-probs under the weights that generated the samples, and how
     far the rollout engine's own log-probs of the same tokens are from them (`rollout_corr/`).
 
-    With `actor.use_rollout_log_probs` the engine's log-probs are the old log-probs and the
-    forward pass is skipped (`actor/old_log_prob_pass_skipped` = 1); the mismatch is then
-    measured in the update's first mini-batch (`ppo.update_actor`).
+    The forward pass is skipped (`actor/old_log_prob_pass_skipped` = 1) in two cases; the
+    mismatch is then measured in the update's first mini-batch (`ppo.update_actor`):
+    - `actor.use_rollout_log_probs`: the engine's log-probs are the old log-probs;
+    - `in_update` (`redundant_passes`): the update is one mini-batch for one epoch, so its own
+      forward gives them; the batch goes on without `old_log_probs`.
     """
 
-    def __init__(self, engine: TrainEngine) -> None:
+    def __init__(self, engine: TrainEngine, in_update: bool = False) -> None:
         self.engine = engine
+        self.in_update = in_update
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
         if ctx.config.actor_rollout_ref.actor.use_rollout_log_probs:
             rollout_log_probs = require_rollout_log_probs(batch)
             ctx.sink.add(telemetry.KEY_OLD_LOG_PROB_SKIPPED, 1.0, Reduce.MAX)
             return batch.with_fields(tensors={"old_log_probs": rollout_log_probs})
+        if self.in_update:
+            ctx.sink.add(telemetry.KEY_OLD_LOG_PROB_SKIPPED, 1.0, Reduce.MAX)
+            return batch
         module, peers = forward_module(self.engine)
         micro = ctx.config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_rank
         with telemetry.phase_span(telemetry.SPAN_LOG_PROB), ctx.sink.compute():

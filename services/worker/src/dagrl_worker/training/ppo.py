@@ -31,6 +31,7 @@ from dagrl.algorithms import (
 )
 from dagrl.batch import Batch
 from dagrl.config import ActorConfig, CriticConfig, RolloutCorrectionConfig
+from dagrl.errors import ConfigError
 from dagrl_worker.metrics import MetricSink, Reduce
 from dagrl_worker.training.engine import TrainEngine
 from dagrl_worker.training.forward import response_log_probs, response_values
@@ -133,15 +134,15 @@ def record_mismatch(actor_log_probs: torch.Tensor, batch: Batch, sink: MetricSin
     sink.add(telemetry.KEY_ROLLOUT_CORR_MAX_ABS_DIFF, gap.max_abs_diff, Reduce.MAX)
 
 
-def _correction_weights(batch: Batch, correction: RolloutCorrectionConfig,
+def _correction_weights(batch: Batch, old_log_probs: torch.Tensor,
+                        correction: RolloutCorrectionConfig,
                         sink: MetricSink) -> torch.Tensor | None:
     """Truncated importance weights pi_old / pi_rollout for this micro-batch, or None."""
     if correction.mode == "off":
         return None
     mask = batch.tensors["response_mask"]
-    weights = truncated_is_weights(batch.tensors["old_log_probs"],
-                                   batch.tensors["rollout_log_probs"], mask, correction.mode,
-                                   correction.tis_imp_ratio_cap)
+    weights = truncated_is_weights(old_log_probs, batch.tensors["rollout_log_probs"], mask,
+                                   correction.mode, correction.tis_imp_ratio_cap)
     tokens = float(mask.sum())
     sink.add(telemetry.KEY_ROLLOUT_CORR_TIS_MEAN, weights.mean, Reduce.MEAN, weight=tokens)
     sink.add(telemetry.KEY_ROLLOUT_CORR_TIS_CLIPFRAC, weights.clipfrac, Reduce.MEAN,
@@ -152,15 +153,24 @@ def _correction_weights(batch: Batch, correction: RolloutCorrectionConfig,
 def update_actor(engine: TrainEngine, rows: Batch, update: ActorUpdate, plan: MiniBatchPlan,
                  sink: MetricSink) -> None:
     """PPO (or GSPO) policy update with optional entropy bonus, KL-to-reference loss and
-    truncated importance sampling against the rollout engine (`update.correction`)."""
+    truncated importance sampling against the rollout engine (`update.correction`).
+
+    Rows without `old_log_probs` (`redundant_passes`: one mini-batch, one epoch) take them
+    from this update's own forward, detached."""
     config, temperature = update.actor, update.temperature
     loss_config = PolicyLossConfig(config.clip_ratio_low, config.clip_ratio_high,
                                    config.clip_ratio_c, config.loss_agg_mode)
     policy_loss = get_policy_loss_fn(config.policy_loss)
     mode = config.loss_agg_mode
     steps_before = engine.steps_taken
-    # old log-probs taken from the engine: measure the gap before the first optimizer step
-    measure_gap = config.use_rollout_log_probs and "rollout_log_probs" in rows
+    # no old-log-prob pass measured the engine's gap: measure it before the first step
+    from_update = "old_log_probs" not in rows
+    measure_gap = ((config.use_rollout_log_probs or from_update)
+                   and "rollout_log_probs" in rows)
+    if from_update and (plan.mini_batches != 1 or plan.epochs != 1):
+        raise ConfigError("old log-probs can come from the update's own forward only when it "
+                         f"is one mini-batch for one epoch, not {plan.mini_batches} x "
+                         f"{plan.epochs}: run the old-log-prob pass")
 
     def micro_step(batch: Batch, scale: float) -> None:
         mask = batch.tensors["response_mask"].float()  # [b, R]
@@ -168,9 +178,10 @@ def update_actor(engine: TrainEngine, rows: Batch, update: ActorUpdate, plan: Mi
                                                with_entropy=True)
         if measure_gap and engine.steps_taken == steps_before:
             record_mismatch(log_prob.detach(), batch, sink)
-        pg_loss, stats = policy_loss(batch.tensors["old_log_probs"], log_prob,
-                                     batch.tensors["advantages"], mask, loss_config,
-                                     _correction_weights(batch, update.correction, sink))
+        old = log_prob.detach() if from_update else batch.tensors["old_log_probs"]
+        pg_loss, stats = policy_loss(old, log_prob, batch.tensors["advantages"], mask,
+                                     loss_config,
+                                     _correction_weights(batch, old, update.correction, sink))
         loss = pg_loss
         tokens = float(mask.sum())
         if entropy is not None:
