@@ -78,6 +78,11 @@ class ActorConfig:
     kl_loss_type: Literal["kl", "abs", "mse", "low_var_kl"] = option("low_var_kl", "estimator")
     use_rollout_log_probs: bool = option(
         False, "use the rollout engine's log-probs as old log-probs (skips that forward pass)")
+    use_dynamic_bsz: bool = option(
+        False, "pack update micro-batches by real token count (ppo_max_token_len_per_rank) "
+        "instead of ppo_micro_batch_size_per_rank samples, each trimmed to its longest row")
+    ppo_max_token_len_per_rank: int = option(
+        16384, "use_dynamic_bsz: real tokens (prompt + response) per update micro-batch")
     old_log_prob_from_update: bool = option(
         True, "when the update is one mini-batch for one epoch, take the old log-probs from "
         "its own forward (detached) instead of a separate pass: the policy has not moved "
@@ -86,7 +91,8 @@ class ActorConfig:
 
     def check(self) -> list[str]:
         problems = []
-        for name in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_rank", "ppo_epochs"):
+        for name in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_rank", "ppo_epochs",
+                     "ppo_max_token_len_per_rank"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.clip_ratio_c <= 1:
@@ -128,6 +134,10 @@ class RolloutConfig:
     top_p: float = option(1.0, "nucleus sampling mass in (0, 1]")
     top_k: int = option(0, "top-k sampling; 0 disables")
     log_prob_micro_batch_size_per_rank: int = option(16, "samples per log-prob forward")
+    log_prob_use_dynamic_bsz: bool = option(
+        False, "pack old-log-prob micro-batches by real token count instead")
+    log_prob_max_token_len_per_rank: int = option(
+        16384, "log_prob_use_dynamic_bsz: real tokens per old-log-prob micro-batch")
     val_kwargs: SamplingConfig = nested(SamplingConfig, "sampling for validation")
     # engine settings (vllm), verl's names
     tensor_model_parallel_size: int = option(1, "vllm: GPUs one engine spans (1 on CPU)")
@@ -158,12 +168,25 @@ class RolloutConfig:
                             f"{self.gpu_memory_utilization}")
         if self.cpu_kv_cache_gb <= 0:
             problems.append(f"cpu_kv_cache_gb must be > 0, got {self.cpu_kv_cache_gb}")
+        if self.log_prob_max_token_len_per_rank < 1:
+            problems.append("log_prob_max_token_len_per_rank must be >= 1, got "
+                            f"{self.log_prob_max_token_len_per_rank}")
         return problems
 
 
 @dataclass(frozen=True)
 class RefConfig:
     log_prob_micro_batch_size_per_rank: int = option(16, "samples per reference forward")
+    log_prob_use_dynamic_bsz: bool = option(
+        False, "pack reference micro-batches by real token count instead")
+    log_prob_max_token_len_per_rank: int = option(
+        16384, "log_prob_use_dynamic_bsz: real tokens per reference micro-batch")
+
+    def check(self) -> list[str]:
+        if self.log_prob_max_token_len_per_rank < 1:
+            return ["log_prob_max_token_len_per_rank must be >= 1, got "
+                    f"{self.log_prob_max_token_len_per_rank}"]
+        return []
 
 
 @dataclass(frozen=True)
@@ -181,8 +204,18 @@ class CriticConfig:
     ppo_epochs: int = option(1, "passes over each rollout batch")
     ppo_mini_batch_size: int = option(16, "prompts per critic optimizer step")
     ppo_micro_batch_size_per_rank: int = option(8, "samples per forward/backward on one rank")
+    use_dynamic_bsz: bool = option(
+        False, "pack value and update micro-batches by real token count instead")
+    ppo_max_token_len_per_rank: int = option(
+        16384, "use_dynamic_bsz: real tokens per critic micro-batch")
     cliprange_value: float = option(0.5, "PPO value clipping range")
     loss_agg_mode: LossAggMode = option("token-mean", "how token losses form the batch loss")
+
+    def check(self) -> list[str]:
+        if self.ppo_max_token_len_per_rank < 1:
+            return [f"ppo_max_token_len_per_rank must be >= 1, got "
+                    f"{self.ppo_max_token_len_per_rank}"]
+        return []
 
 
 @dataclass(frozen=True)

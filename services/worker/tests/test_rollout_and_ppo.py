@@ -18,6 +18,7 @@ from dagrl_worker.training.ppo import (
     compute_log_probs,
     update_actor,
 )
+from dagrl_worker.training.token_budget import MicroBatching
 
 
 def prompt_rows(tokenizer, texts: list[str]) -> dict:
@@ -67,7 +68,7 @@ def test_ppo_update_raises_log_prob_of_positive_advantage(tiny_checkpoint: Path)
     prompts = prompts_to_batch(prompt_rows(tokenizer, ["3+4=", "5+6="]),
                                tokenizer.pad_token_id, "s0")
     rollout = HFRollout(model, tokenizer).generate(prompts, SamplingParams(n=2, max_new_tokens=5))
-    old = compute_log_probs(model, rollout, micro_batch_size=2, temperature=1.0)
+    old = compute_log_probs(model, rollout, MicroBatching(2), temperature=1.0)
     advantages = torch.tensor([1.0, -1.0, 1.0, -1.0]).unsqueeze(1) * rollout.tensors[
         "response_mask"]
     rows = rollout.with_fields(tensors={"old_log_probs": old, "advantages": advantages,
@@ -78,9 +79,9 @@ def test_ppo_update_raises_log_prob_of_positive_advantage(tiny_checkpoint: Path)
     before = [p.detach().clone() for p in model.parameters()]
     sink = MetricSink()
     update = ActorUpdate(config, RolloutCorrectionConfig(), temperature=1.0)
-    update_actor(engine, rows, update, MiniBatchPlan(mini_batches=1, micro_batch_size=2,
+    update_actor(engine, rows, update, MiniBatchPlan(mini_batches=1, micro=MicroBatching(2),
                                                      epochs=1), sink)
-    new = compute_log_probs(model, rows, micro_batch_size=4, temperature=1.0)
+    new = compute_log_probs(model, rows, MicroBatching(4), temperature=1.0)
     mask = rows.tensors["response_mask"].bool()
     gain = ((new - old) * mask).sum(dim=1)
     assert gain[0] > 0 and gain[2] > 0, gain

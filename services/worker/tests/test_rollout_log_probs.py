@@ -114,6 +114,8 @@ def test_one_pass_update_takes_old_log_probs_from_its_own_forward(tiny_checkpoin
     assert any(not torch.equal(a, b) for a, b in zip(before, results[True][1], strict=True))
     for a, b in zip(results[False][1], results[True][1], strict=True):
         assert float((a - b).abs().max()) <= 1e-6
+    padding = fused_summary["perf/padding_ratio"][1]
+    assert 0.0 < padding < 1.0 and fused_summary["perf/tokens_per_micro_batch"][1] > 0
     # Adam's first step hides a scaled gradient: the loss and the gradient itself must agree
     for name in ("actor/pg_loss", "actor/ppo_kl", "actor/grad_norm"):
         assert fused_summary[name][1] == pytest.approx(with_pass[name][1], rel=1e-5,

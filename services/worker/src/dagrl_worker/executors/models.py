@@ -26,6 +26,7 @@ from dagrl_worker.training.ppo import (
     update_actor,
     update_critic,
 )
+from dagrl_worker.training.token_budget import MicroBatching
 
 
 def train_sampling(config: JobConfig) -> SamplingParams:
@@ -102,7 +103,10 @@ class OldLogProbExecutor:
             ctx.sink.add(telemetry.KEY_OLD_LOG_PROB_SKIPPED, 1.0, Reduce.MAX)
             return batch
         module, peers = forward_module(self.engine)
-        micro = ctx.config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_rank
+        rollout = ctx.config.actor_rollout_ref.rollout
+        micro = micro_batching(rollout.log_prob_micro_batch_size_per_rank,
+                               rollout.log_prob_use_dynamic_bsz,
+                               rollout.log_prob_max_token_len_per_rank)
         with telemetry.phase_span(telemetry.SPAN_LOG_PROB), ctx.sink.compute():
             log_probs = compute_log_probs(module, batch, micro, _temperature(ctx), peers)
         if "rollout_log_probs" in batch:
@@ -119,7 +123,9 @@ class ReferenceLogProbExecutor:
         self.module = models.reference
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
-        micro = ctx.config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_rank
+        ref = ctx.config.actor_rollout_ref.ref
+        micro = micro_batching(ref.log_prob_micro_batch_size_per_rank,
+                               ref.log_prob_use_dynamic_bsz, ref.log_prob_max_token_len_per_rank)
         with telemetry.phase_span(telemetry.SPAN_LOG_PROB), ctx.sink.compute():
             log_probs = compute_log_probs(self.module, batch, micro, _temperature(ctx))
         return batch.with_fields(tensors={"ref_log_probs": log_probs})
@@ -133,15 +139,23 @@ class ValuesExecutor:
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
         module, peers = forward_module(self.engine)
-        micro = ctx.config.critic.ppo_micro_batch_size_per_rank
+        critic = ctx.config.critic
+        micro = micro_batching(critic.ppo_micro_batch_size_per_rank, critic.use_dynamic_bsz,
+                               critic.ppo_max_token_len_per_rank)
         with ctx.sink.compute():
             values = compute_values(module, batch, micro, peers)
         return batch.with_fields(tensors={"values": values})
 
 
-def _plan(config: JobConfig, mini_batch_size: int, micro: int, epochs: int) -> MiniBatchPlan:
+def micro_batching(rows: int, dynamic: bool, max_tokens: int) -> MicroBatching:
+    """A pass's micro-batches: `rows` samples, or (`use_dynamic_bsz`) a token budget."""
+    return MicroBatching(rows, max_tokens if dynamic else None)
+
+
+def _plan(config: JobConfig, mini_batch_size: int, micro: MicroBatching,
+          epochs: int) -> MiniBatchPlan:
     mini_batches = max(1, math.ceil(config.data.train_batch_size / mini_batch_size))
-    return MiniBatchPlan(mini_batches=mini_batches, micro_batch_size=micro, epochs=epochs)
+    return MiniBatchPlan(mini_batches=mini_batches, micro=micro, epochs=epochs)
 
 
 class ActorTrainExecutor:
@@ -160,7 +174,8 @@ class ActorTrainExecutor:
         if actor.use_rollout_log_probs and "old_log_probs" not in batch:
             batch = batch.with_fields(tensors={"old_log_probs": require_rollout_log_probs(batch)})
         plan = _plan(ctx.config, actor.ppo_mini_batch_size,
-                     actor.ppo_micro_batch_size_per_rank, actor.ppo_epochs)
+                     micro_batching(actor.ppo_micro_batch_size_per_rank, actor.use_dynamic_bsz,
+                                    actor.ppo_max_token_len_per_rank), actor.ppo_epochs)
         correction = ctx.config.algorithm.rollout_correction
         if correction.mode != "off":
             require_rollout_log_probs(batch)
@@ -178,7 +193,8 @@ class CriticTrainExecutor:
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
         critic = ctx.config.critic
         plan = _plan(ctx.config, critic.ppo_mini_batch_size,
-                     critic.ppo_micro_batch_size_per_rank, critic.ppo_epochs)
+                     micro_batching(critic.ppo_micro_batch_size_per_rank, critic.use_dynamic_bsz,
+                                    critic.ppo_max_token_len_per_rank), critic.ppo_epochs)
         update_critic(self.engine, batch, critic, plan, ctx.sink)
         return batch
 

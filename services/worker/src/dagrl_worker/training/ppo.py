@@ -13,7 +13,6 @@ token-balanced resharding make shards uneven). The loops stay in lock step anywa
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,12 +35,13 @@ from dagrl_worker.metrics import MetricSink, Reduce
 from dagrl_worker.training.engine import TrainEngine
 from dagrl_worker.training.forward import response_log_probs, response_values
 from dagrl_worker.training.parallel import DataParallel
+from dagrl_worker.training.token_budget import MicroBatching, scatter_rows
 
 
 @dataclass(frozen=True)
 class MiniBatchPlan:
     mini_batches: int  # optimizer steps per epoch (the same on every rank)
-    micro_batch_size: int  # samples per forward/backward
+    micro: MicroBatching  # samples per forward/backward, or a token budget
     epochs: int
 
 
@@ -52,10 +52,12 @@ def _denominator(mask: torch.Tensor, mode: str) -> float:
     return float((mask.sum(dim=1) > 0).sum())
 
 
-def _micro_batches(engine: TrainEngine, mini: Batch, size: int) -> list[Batch | None]:
+def _micro_batches(engine: TrainEngine, mini: Batch,
+                   micro: MicroBatching) -> list[Batch | None]:
     """Rows of `mini` in micro-batches, padded with None to the count of the busiest rank."""
-    count = engine.dp.max_int(math.ceil(len(mini) / size) if len(mini) else 0)
-    pieces: list[Batch | None] = [mini.slice(i, i + size) for i in range(0, len(mini), size)]
+    _, found = micro.pieces(mini) if len(mini) else ([], [])
+    count = engine.dp.max_int(len(found))
+    pieces: list[Batch | None] = list(found)
     return pieces + [None] * (count - len(pieces))
 
 
@@ -98,7 +100,7 @@ def run_minibatches(engine: TrainEngine, rows: Batch, plan: MiniBatchPlan, step:
         for mini in rows.chunk(plan.mini_batches):
             mask = mini.tensors["response_mask"]
             global_denominator = engine.dp.sum(_denominator(mask, mode))[0]
-            micros = _micro_batches(engine, mini, plan.micro_batch_size)
+            micros = _micro_batches(engine, mini, plan.micro)
             for index, micro in enumerate(micros):
                 is_padding = micro is None or len(micro) == 0
                 batch = masked_out_row(template) if micro is None or is_padding else micro
@@ -108,9 +110,21 @@ def run_minibatches(engine: TrainEngine, rows: Batch, plan: MiniBatchPlan, step:
                         step.span_name) as span, sink.compute():
                     step.run(batch, scale)
                     span.add_tokens(int(batch.tensors["response_mask"].sum()))
+                if not is_padding:
+                    record_padding(batch, sink)
             with telemetry.phase_span(telemetry.SPAN_OPTIMIZER_STEP), sink.compute():
                 grad_norms.append(engine.optimizer_step())
     return grad_norms
+
+
+def record_padding(batch: Batch, sink: MetricSink) -> None:
+    """How full one micro-batch's [b, prompt + response] slots are with real tokens."""
+    attended = batch.tensors["attention_mask"]  # [b, T]
+    tokens = float(attended.sum())
+    slots = float(attended.numel())
+    sink.add(telemetry.KEY_PADDING_RATIO, 1.0 - tokens / max(slots, 1.0), Reduce.MEAN,
+             weight=slots)
+    sink.add(telemetry.KEY_TOKENS_PER_MICRO_BATCH, tokens, Reduce.MEAN)
 
 
 @dataclass(frozen=True)
@@ -184,19 +198,23 @@ def update_actor(engine: TrainEngine, rows: Batch, update: ActorUpdate, plan: Mi
                                      _correction_weights(batch, old, update.correction, sink))
         loss = pg_loss
         tokens = float(mask.sum())
+        # the losses' own denominator: their mean over micro-batches is the mini-batch's loss
+        # however the rows were cut (tokens for token-mean, sequences for seq-mean-*)
+        counted = _denominator(batch.tensors["response_mask"], mode)
         if entropy is not None:
             entropy_loss = agg_loss(entropy, mask, mode)
             loss = loss - config.entropy_coeff * entropy_loss
             sink.add(telemetry.KEY_ACTOR_ENTROPY, float(entropy_loss.detach()), Reduce.MEAN,
-                     weight=tokens)
+                     weight=counted)
         if config.use_kl_loss:
             kl = kl_penalty(log_prob, batch.tensors["ref_log_probs"], config.kl_loss_type)
             kl_loss = agg_loss(kl, mask, mode)
             loss = loss + config.kl_loss_coef * kl_loss
             sink.add(telemetry.KEY_ACTOR_KL_LOSS, float(kl_loss.detach()), Reduce.MEAN,
-                     weight=tokens)
+                     weight=counted)
         (loss * scale).backward()
-        sink.add(telemetry.KEY_ACTOR_PG_LOSS, float(pg_loss.detach()), Reduce.MEAN, weight=tokens)
+        sink.add(telemetry.KEY_ACTOR_PG_LOSS, float(pg_loss.detach()), Reduce.MEAN,
+                 weight=counted)
         sink.add(telemetry.KEY_ACTOR_PG_CLIPFRAC, float(stats.pg_clipfrac), Reduce.MEAN,
                  weight=tokens)
         sink.add(telemetry.KEY_ACTOR_PG_CLIPFRAC_LOWER, float(stats.pg_clipfrac_lower), Reduce.MEAN,
@@ -222,7 +240,8 @@ def update_critic(engine: TrainEngine, rows: Batch, config: CriticConfig,
             config.cliprange_value, mode)
         (vf_loss * scale).backward()
         tokens = float(mask.sum())
-        sink.add(telemetry.KEY_CRITIC_VF_LOSS, float(vf_loss.detach()), Reduce.MEAN, weight=tokens)
+        sink.add(telemetry.KEY_CRITIC_VF_LOSS, float(vf_loss.detach()), Reduce.MEAN,
+                 weight=_denominator(batch.tensors["response_mask"], mode))
         sink.add(telemetry.KEY_CRITIC_VF_CLIPFRAC, float(vf_clipfrac), Reduce.MEAN, weight=tokens)
 
     step = MicroStep(micro_step, mode, telemetry.SPAN_CRITIC_FORWARD_BACKWARD)
@@ -232,15 +251,15 @@ def update_critic(engine: TrainEngine, rows: Batch, config: CriticConfig,
 
 
 @torch.no_grad()
-def forward_in_micro_batches(module: torch.nn.Module, rows: Batch, micro_batch_size: int,
+def forward_in_micro_batches(module: torch.nn.Module, rows: Batch, micro: MicroBatching,
                              forward: Callable[[torch.nn.Module, Batch], torch.Tensor],
                              peers: DataParallel | None = None) -> torch.Tensor:
-    """`forward` over rows in micro-batches, concatenated. # [B, R]
+    """`forward` over rows in micro-batches, back in row order at full width. # [B, R]
 
     Pass `peers` when the module is sharded (FSDP all-gathers in forward): every rank then
     runs as many forwards as the busiest one (the extra ones on a masked-out row).
     """
-    pieces = [rows.slice(i, i + micro_batch_size) for i in range(0, len(rows), micro_batch_size)]
+    groups, pieces = micro.pieces(rows) if len(rows) else ([], [])
     padding = peers.max_int(len(pieces)) - len(pieces) if peers is not None else 0
     was_training = module.training
     module.eval()
@@ -251,7 +270,11 @@ def forward_in_micro_batches(module: torch.nn.Module, rows: Batch, micro_batch_s
     finally:
         module.train(was_training)
     width = rows.tensors["responses"].shape[1]
-    return torch.cat(outputs, dim=0) if outputs else torch.zeros(0, width)
+    if not outputs:
+        return torch.zeros(0, width)
+    if micro.max_tokens is None:
+        return torch.cat(outputs, dim=0)
+    return scatter_rows(outputs, groups, len(rows), width)
 
 
 def forward_module(engine: TrainEngine) -> tuple[torch.nn.Module, DataParallel | None]:
@@ -264,13 +287,12 @@ def forward_module(engine: TrainEngine) -> tuple[torch.nn.Module, DataParallel |
     return engine.inner, None
 
 
-def compute_log_probs(module: torch.nn.Module, rows: Batch, micro_batch_size: int,
+def compute_log_probs(module: torch.nn.Module, rows: Batch, micro: MicroBatching,
                       temperature: float, peers: DataParallel | None = None) -> torch.Tensor:
     return forward_in_micro_batches(
-        module, rows, micro_batch_size,
-        lambda m, b: response_log_probs(m, b, temperature)[0], peers)
+        module, rows, micro, lambda m, b: response_log_probs(m, b, temperature)[0], peers)
 
 
-def compute_values(module: torch.nn.Module, rows: Batch, micro_batch_size: int,
+def compute_values(module: torch.nn.Module, rows: Batch, micro: MicroBatching,
                    peers: DataParallel | None = None) -> torch.Tensor:
-    return forward_in_micro_batches(module, rows, micro_batch_size, response_values, peers)
+    return forward_in_micro_batches(module, rows, micro, response_values, peers)

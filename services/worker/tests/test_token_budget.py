@@ -1,0 +1,105 @@
+"""Token-budget micro-batches (`use_dynamic_bsz`): packed and trimmed, the same results as
+fixed micro-batches on a batch of very different lengths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dagrl.batch import Batch
+from dagrl.config import ActorConfig, OptimConfig, RolloutCorrectionConfig
+from dagrl.models import load_model_and_tokenizer
+from dagrl_worker.metrics import MetricSink
+from dagrl_worker.prompts import prompts_to_batch
+from dagrl_worker.rollout import HFRollout, SamplingParams
+from dagrl_worker.training.engine import TrainEngine
+from dagrl_worker.training.parallel import DataParallel
+from dagrl_worker.training.ppo import ActorUpdate, MiniBatchPlan, compute_log_probs, update_actor
+from dagrl_worker.training.token_budget import MicroBatching, pack_rows, row_tokens, trim_padding
+
+from .test_rollout_and_ppo import prompt_rows
+
+BUDGET = 48
+
+
+def uneven_batch(checkpoint: Path) -> tuple[torch.nn.Module, Batch]:
+    """Short and long prompts; every other sample's response cut after 2 of its 24 tokens,
+    as if it had ended there: lengths far apart in one padded batch."""
+    torch.manual_seed(0)
+    model, tokenizer = load_model_and_tokenizer(checkpoint)
+    texts = ["3+4=", "12345+67890+11111+22222=", "1+1=", "98765+4321="]
+    prompts = prompts_to_batch(prompt_rows(tokenizer, texts), tokenizer.pad_token_id, "s1")
+    rows = HFRollout(model, tokenizer).generate(prompts, SamplingParams(n=3, max_new_tokens=24))
+    prompt_width, width = rows.tensors["prompts"].shape[1], rows.tensors["responses"].shape[1]
+    kept = torch.full((len(rows),), width)
+    kept[1::2] = 2
+    cut = torch.arange(width)[None, :] >= kept[:, None]  # [B, R]
+    responses = rows.tensors["responses"].masked_fill(cut, tokenizer.pad_token_id)
+    attention = rows.tensors["attention_mask"].clone()
+    attention[:, prompt_width:] *= ~cut
+    input_ids = torch.cat([rows.tensors["prompts"], responses], dim=1)
+    return model, rows.with_fields(tensors={
+        "responses": responses, "input_ids": input_ids, "attention_mask": attention,
+        "response_mask": rows.tensors["response_mask"] * ~cut})
+
+
+def test_rows_pack_under_the_budget_and_trim_to_their_longest(tiny_checkpoint: Path) -> None:
+    _, rows = uneven_batch(tiny_checkpoint)
+    lengths = row_tokens(rows)
+    groups = pack_rows(rows, BUDGET)
+    assert sorted(i for g in groups for i in g) == list(range(len(rows)))
+    for group in groups:
+        assert len(group) == 1 or int(lengths[group].sum()) <= BUDGET
+    piece = trim_padding(rows.select(groups[-1]))  # the shortest rows
+    assert piece.tensors["input_ids"].shape[1] < rows.tensors["input_ids"].shape[1]
+    assert int(piece.tensors["attention_mask"].sum()) == int(lengths[groups[-1]].sum())
+
+
+def test_packed_log_probs_equal_the_padded_ones(tiny_checkpoint: Path) -> None:
+    model, rows = uneven_batch(tiny_checkpoint)
+    padded = compute_log_probs(model, rows, MicroBatching(4), temperature=1.0)
+    packed = compute_log_probs(model, rows, MicroBatching(4, max_tokens=BUDGET), temperature=1.0)
+    mask = rows.tensors["response_mask"].bool()
+    assert len(pack_rows(rows, BUDGET)) > 2
+    assert float((padded - packed)[mask].abs().max()) <= 1e-5
+    assert float(packed[~mask].abs().sum()) == 0.0
+
+
+def _summing_into(total: torch.Tensor):
+    def hook(grad: torch.Tensor) -> None:  # returns None: the gradient itself is unchanged
+        total.add_(grad)
+    return hook
+
+
+@pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean"])
+def test_packed_update_equals_the_fixed_one(tiny_checkpoint: Path, loss_agg_mode: str) -> None:
+    """The loss aggregation stays exact: the same loss and the same gradient, summed over
+    the micro-batches' backward passes (Adam's first step would hide a scaled one)."""
+    results = {}
+    for micro in (MicroBatching(4), MicroBatching(4, max_tokens=BUDGET)):
+        model, rows = uneven_batch(tiny_checkpoint)
+        gradient = {name: torch.zeros_like(p) for name, p in model.named_parameters()}
+        for name, parameter in model.named_parameters():
+            parameter.register_hook(_summing_into(gradient[name]))
+        old = compute_log_probs(model, rows, MicroBatching(4), temperature=1.0)
+        signs = torch.tensor([1.0, -1.0] * (len(rows) // 2))[:, None]
+        rows = rows.with_fields(tensors={"old_log_probs": old, "ref_log_probs": old,
+                                         "advantages": signs * rows.tensors["response_mask"]})
+        config = ActorConfig(ppo_mini_batch_size=1, optim=OptimConfig(lr=1e-3),
+                             loss_agg_mode=loss_agg_mode)  # type: ignore[arg-type]
+        engine = TrainEngine(model, config.optim, total_steps=2, dp=DataParallel(),
+                             strategy="ddp")
+        sink = MetricSink()
+        update_actor(engine, rows, ActorUpdate(config, RolloutCorrectionConfig(), 1.0),
+                     MiniBatchPlan(mini_batches=1, micro=micro, epochs=1), sink)
+        results[micro.max_tokens] = (sink.summary(), gradient)
+    fixed, packed = results[None][0], results[BUDGET][0]
+    for name in ("actor/pg_loss", "actor/grad_norm"):
+        assert packed[name][1] == pytest.approx(fixed[name][1], rel=1e-5, abs=1e-7), name
+    largest = max(float(g.abs().max()) for g in results[None][1].values())
+    assert largest > 0
+    for name, expected in results[None][1].items():
+        assert float((expected - results[BUDGET][1][name]).abs().max()) <= 1e-5 * largest, name
+    assert packed["perf/padding_ratio"][1] < fixed["perf/padding_ratio"][1]
