@@ -37,6 +37,9 @@ class ModelConfig:
     dtype: Literal["float32", "bfloat16", "float16"] = option("float32", "parameter dtype")
     gradient_checkpointing: bool = option(False, "recompute activations in backward")
     trust_remote_code: bool = option(False, "allow model code from the checkpoint folder")
+    use_remove_padding: bool = option(
+        False, "padding-free forwards: each micro-batch's rows concatenated with restarting "
+        "position ids (flash-attention varlen on GPU, a block-diagonal mask on CPU)")
 
 
 @dataclass(frozen=True)

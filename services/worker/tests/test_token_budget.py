@@ -3,23 +3,26 @@ fixed micro-batches on a batch of very different lengths."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
 
 from dagrl.batch import Batch
-from dagrl.config import ActorConfig, OptimConfig, RolloutCorrectionConfig
+from dagrl.config import ActorConfig, JobConfig, OptimConfig, RolloutCorrectionConfig
 from dagrl.models import load_model_and_tokenizer
 from dagrl_worker.metrics import MetricSink
 from dagrl_worker.prompts import prompts_to_batch
 from dagrl_worker.rollout import HFRollout, SamplingParams
 from dagrl_worker.training.engine import TrainEngine
+from dagrl_worker.training.forward import response_log_probs
 from dagrl_worker.training.parallel import DataParallel
 from dagrl_worker.training.ppo import ActorUpdate, MiniBatchPlan, compute_log_probs, update_actor
 from dagrl_worker.training.token_budget import MicroBatching, pack_rows, row_tokens, trim_padding
 
 from .test_rollout_and_ppo import prompt_rows
+from .test_rollout_log_probs import _worker
 
 BUDGET = 48
 
@@ -103,3 +106,47 @@ def test_packed_update_equals_the_fixed_one(tiny_checkpoint: Path, loss_agg_mode
     for name, expected in results[None][1].items():
         assert float((expected - results[BUDGET][1][name]).abs().max()) <= 1e-5 * largest, name
     assert packed["perf/padding_ratio"][1] < fixed["perf/padding_ratio"][1]
+
+
+def test_padding_free_forward_equals_the_padded_one(tiny_checkpoint: Path) -> None:
+    """`model.use_remove_padding`: rows concatenated, position ids restarting, no mask."""
+    model, rows = uneven_batch(tiny_checkpoint)
+    with torch.no_grad():
+        padded, padded_entropy = response_log_probs(model, rows, 1.0, with_entropy=True)
+        packed, packed_entropy = response_log_probs(model, rows, 1.0, with_entropy=True,
+                                                    remove_padding=True)
+    mask = rows.tensors["response_mask"].bool()
+    assert float((padded - packed)[mask].abs().max()) <= 1e-5
+    assert padded_entropy is not None and packed_entropy is not None
+    assert float((padded_entropy - packed_entropy)[mask].abs().max()) <= 1e-5
+    # a wrong boundary (rows attending into each other) would move the later rows' values
+    assert float(packed[mask].abs().sum()) > 0
+
+
+def test_a_step_with_every_efficiency_feature_equals_the_plain_step(tiny_checkpoint: Path,
+                                                                    tmp_path: Path) -> None:
+    """Through a DAGWorker: token budgets on every pass and padding-free forwards give the
+    step's loss and gradient norm of the plain step."""
+    summaries = {}
+    for features in (False, True):
+        worker = _worker(tiny_checkpoint, tmp_path, f"features{features}",
+                         use_dynamic_bsz=features, ppo_max_token_len_per_rank=BUDGET)
+        if features:
+            worker.config = _with_efficiency(worker.config)
+        worker.init_graph()
+        summaries[features] = worker.run_step(1)
+    plain, fast = summaries[False], summaries[True]
+    for name in ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss"):
+        assert fast[name][1] == pytest.approx(plain[name][1], rel=1e-4, abs=1e-6), name
+    assert fast["perf/padding_ratio"][1] < plain["perf/padding_ratio"][1]
+
+
+def _with_efficiency(config: JobConfig) -> JobConfig:
+    policy = config.actor_rollout_ref
+    return dataclasses.replace(config, actor_rollout_ref=dataclasses.replace(
+        policy,
+        model=dataclasses.replace(policy.model, use_remove_padding=True),
+        rollout=dataclasses.replace(policy.rollout, log_prob_use_dynamic_bsz=True,
+                                    log_prob_max_token_len_per_rank=BUDGET),
+        ref=dataclasses.replace(policy.ref, log_prob_use_dynamic_bsz=True,
+                                log_prob_max_token_len_per_rank=BUDGET)))

@@ -108,7 +108,8 @@ class OldLogProbExecutor:
                                rollout.log_prob_use_dynamic_bsz,
                                rollout.log_prob_max_token_len_per_rank)
         with telemetry.phase_span(telemetry.SPAN_LOG_PROB), ctx.sink.compute():
-            log_probs = compute_log_probs(module, batch, micro, _temperature(ctx), peers)
+            log_probs = compute_log_probs(module, batch, micro, _temperature(ctx), peers,
+                                          _remove_padding(ctx))
         if "rollout_log_probs" in batch:
             record_mismatch(log_probs, batch, ctx.sink)
         return batch.with_fields(tensors={"old_log_probs": log_probs})
@@ -127,7 +128,8 @@ class ReferenceLogProbExecutor:
         micro = micro_batching(ref.log_prob_micro_batch_size_per_rank,
                                ref.log_prob_use_dynamic_bsz, ref.log_prob_max_token_len_per_rank)
         with telemetry.phase_span(telemetry.SPAN_LOG_PROB), ctx.sink.compute():
-            log_probs = compute_log_probs(self.module, batch, micro, _temperature(ctx))
+            log_probs = compute_log_probs(self.module, batch, micro, _temperature(ctx),
+                                          remove_padding=_remove_padding(ctx))
         return batch.with_fields(tensors={"ref_log_probs": log_probs})
 
 
@@ -143,8 +145,13 @@ class ValuesExecutor:
         micro = micro_batching(critic.ppo_micro_batch_size_per_rank, critic.use_dynamic_bsz,
                                critic.ppo_max_token_len_per_rank)
         with ctx.sink.compute():
-            values = compute_values(module, batch, micro, peers)
+            values = compute_values(module, batch, micro, peers,
+                                    critic.model.use_remove_padding)
         return batch.with_fields(tensors={"values": values})
+
+
+def _remove_padding(ctx: StepContext) -> bool:
+    return ctx.config.actor_rollout_ref.model.use_remove_padding
 
 
 def micro_batching(rows: int, dynamic: bool, max_tokens: int) -> MicroBatching:
@@ -179,8 +186,8 @@ class ActorTrainExecutor:
         correction = ctx.config.algorithm.rollout_correction
         if correction.mode != "off":
             require_rollout_log_probs(batch)
-        update_actor(self.engine, batch, ActorUpdate(actor, correction, _temperature(ctx)),
-                     plan, ctx.sink)
+        update = ActorUpdate(actor, correction, _temperature(ctx), _remove_padding(ctx))
+        update_actor(self.engine, batch, update, plan, ctx.sink)
         ctx.sink.add(telemetry.KEY_TOKENS_TRAINED, response_tokens(batch) * actor.ppo_epochs,
                      Reduce.SUM)
         return batch

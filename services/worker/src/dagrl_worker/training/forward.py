@@ -4,6 +4,13 @@ A rollout Batch holds `input_ids` = prompts [B, P] then responses [B, R]. The lo
 position P-1+t predict response token t, so every function here reads the slice
 `[:, P-1 : P-1+R]`. Log-probs use logits divided by the sampling temperature, as the
 rollout sampled them (verl does the same).
+
+Padding-free (`model.use_remove_padding`): the attended tokens of every row are concatenated
+into one sequence [1, N] whose position ids restart at each row, with no attention mask;
+transformers then attends within each row only (a block-diagonal causal mask built from the
+position ids on CPU; flash-attention's variable-length kernels on GPU). The outputs at the
+predicting positions are gathered back to [B, R]. No compute is spent on padding. The
+results equal the padded path's (tested to 1e-5).
 """
 
 from __future__ import annotations
@@ -22,34 +29,51 @@ def _model_inputs(batch: Batch, device: torch.device) -> dict[str, torch.Tensor]
     }
 
 
-def response_logits(module: torch.nn.Module, batch: Batch, temperature: float) -> torch.Tensor:
-    """Logits that predict each response token, temperature-scaled. # [B, R, V]"""
+def predicting_outputs(module: torch.nn.Module, batch: Batch,
+                       remove_padding: bool = False) -> torch.Tensor:
+    """The model's output (`.logits`) at each position that predicts a response token:
+    column P-1+t for response token t. # [B, R, X]"""
     device = next(module.parameters()).device
     prompt_width = batch.tensors["prompts"].shape[1]
     response_width = batch.tensors["responses"].shape[1]
-    logits = module(**_model_inputs(batch, device), use_cache=False).logits  # [B, P+R, V]
-    logits = logits[:, prompt_width - 1: prompt_width - 1 + response_width]  # [B, R, V]
-    return logits.float() / temperature
+    window = slice(prompt_width - 1, prompt_width - 1 + response_width)
+    if not remove_padding:
+        outputs = module(**_model_inputs(batch, device), use_cache=False).logits  # [B, P+R, X]
+        return outputs[:, window]
+    attended = batch.tensors["attention_mask"].bool()  # [B, P+R]
+    packed_ids = batch.tensors["input_ids"][attended][None].to(device)  # [1, N]
+    packed_positions = batch.tensors["position_ids"][attended][None].to(device)  # [1, N]
+    packed = module(input_ids=packed_ids, position_ids=packed_positions, attention_mask=None,
+                    use_cache=False).logits[0]  # [N, X]
+    counts = attended.sum(dim=1)  # [B]
+    starts = counts.cumsum(0) - counts  # [B]: where each row begins in the packed sequence
+    flat = attended.long().cumsum(dim=1) - 1 + starts[:, None]  # [B, P+R]
+    where, valid = flat[:, window], attended[:, window]  # [B, R]
+    gathered = packed[where.clamp(min=0).to(device)]  # [B, R, X]
+    return gathered * valid.to(device)[..., None]
+
+
+def response_logits(module: torch.nn.Module, batch: Batch, temperature: float,
+                    remove_padding: bool = False) -> torch.Tensor:
+    """Logits that predict each response token, temperature-scaled. # [B, R, V]"""
+    return predicting_outputs(module, batch, remove_padding).float() / temperature
 
 
 def response_log_probs(module: torch.nn.Module, batch: Batch, temperature: float,
-                       with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       with_entropy: bool = False, remove_padding: bool = False
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log-prob of each response token [B, R], entropy [B, R] or None)."""
-    logits = response_logits(module, batch, temperature)  # [B, R, V]
+    logits = response_logits(module, batch, temperature, remove_padding)  # [B, R, V]
     responses = batch.tensors["responses"].to(logits.device)  # [B, R]
     log_probs = log_probs_from_logits(logits, responses)  # [B, R]
     entropy = entropy_from_logits(logits) if with_entropy else None  # [B, R]
     return log_probs, entropy
 
 
-def response_values(module: torch.nn.Module, batch: Batch) -> torch.Tensor:
+def response_values(module: torch.nn.Module, batch: Batch,
+                    remove_padding: bool = False) -> torch.Tensor:
     """Value of the state before each response token, from a one-label token classifier.
 
     [B, R]
     """
-    device = next(module.parameters()).device
-    prompt_width = batch.tensors["prompts"].shape[1]
-    response_width = batch.tensors["responses"].shape[1]
-    output = module(**_model_inputs(batch, device))
-    values = output.logits.squeeze(-1)  # [B, P+R]
-    return values[:, prompt_width - 1: prompt_width - 1 + response_width].float()
+    return predicting_outputs(module, batch, remove_padding).squeeze(-1).float()

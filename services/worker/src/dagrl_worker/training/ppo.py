@@ -134,6 +134,7 @@ class ActorUpdate:
     actor: ActorConfig
     correction: RolloutCorrectionConfig
     temperature: float
+    remove_padding: bool = False  # model.use_remove_padding
 
 
 def record_mismatch(actor_log_probs: torch.Tensor, batch: Batch, sink: MetricSink) -> None:
@@ -189,7 +190,8 @@ def update_actor(engine: TrainEngine, rows: Batch, update: ActorUpdate, plan: Mi
     def micro_step(batch: Batch, scale: float) -> None:
         mask = batch.tensors["response_mask"].float()  # [b, R]
         log_prob, entropy = response_log_probs(engine.module, batch, temperature,
-                                               with_entropy=True)
+                                               with_entropy=True,
+                                               remove_padding=update.remove_padding)
         if measure_gap and engine.steps_taken == steps_before:
             record_mismatch(log_prob.detach(), batch, sink)
         old = log_prob.detach() if from_update else batch.tensors["old_log_probs"]
@@ -234,7 +236,8 @@ def update_critic(engine: TrainEngine, rows: Batch, config: CriticConfig,
 
     def micro_step(batch: Batch, scale: float) -> None:
         mask = batch.tensors["response_mask"].float()  # [b, R]
-        values = response_values(engine.module, batch)  # [b, R]
+        values = response_values(engine.module, batch,
+                                 config.model.use_remove_padding)  # [b, R]
         vf_loss, vf_clipfrac = compute_value_loss(
             values, batch.tensors["returns"], batch.tensors["values"], mask,
             config.cliprange_value, mode)
@@ -288,11 +291,16 @@ def forward_module(engine: TrainEngine) -> tuple[torch.nn.Module, DataParallel |
 
 
 def compute_log_probs(module: torch.nn.Module, rows: Batch, micro: MicroBatching,
-                      temperature: float, peers: DataParallel | None = None) -> torch.Tensor:
+                      temperature: float, peers: DataParallel | None = None,
+                      remove_padding: bool = False) -> torch.Tensor:
     return forward_in_micro_batches(
-        module, rows, micro, lambda m, b: response_log_probs(m, b, temperature)[0], peers)
+        module, rows, micro,
+        lambda m, b: response_log_probs(m, b, temperature, remove_padding=remove_padding)[0],
+        peers)
 
 
 def compute_values(module: torch.nn.Module, rows: Batch, micro: MicroBatching,
-                   peers: DataParallel | None = None) -> torch.Tensor:
-    return forward_in_micro_batches(module, rows, micro, response_values, peers)
+                   peers: DataParallel | None = None,
+                   remove_padding: bool = False) -> torch.Tensor:
+    return forward_in_micro_batches(
+        module, rows, micro, lambda m, b: response_values(m, b, remove_padding), peers)
