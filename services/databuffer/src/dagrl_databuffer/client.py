@@ -25,7 +25,8 @@ from typing import Any
 
 import redis
 
-from dagrl.batch import Batch, concat, decode
+from dagrl.batch import Batch, decode
+from dagrl.batch.layout import concat_aligned
 from dagrl.batch.partition import partition_rows
 from dagrl.errors import (
     BatchError,
@@ -300,7 +301,7 @@ class DataBufferClient:
                 return decoded  # the whole block: its buffer is private, no copy needed
             pieces.extend(decoded.slice(a, b) for a, b in row_runs(local_rows))
         try:
-            return concat(pieces)
+            return concat_aligned(pieces)  # ranks pad prompts to their own longest
         except BatchError as exc:
             raise DataBufferError(
                 f"the producers of edge {keys.edge!r} (step {keys.step}, job {keys.job!r}) "

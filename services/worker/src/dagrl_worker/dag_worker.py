@@ -24,6 +24,7 @@ its output on. Only small metric summaries are returned to the driver.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -79,6 +80,8 @@ from dagrl_worker.weight_sync import (
     sync_groups,
     trainer_ranks,
 )
+
+log = logging.getLogger("dagrl.worker")
 
 # loader states kept for checkpoints of steps the rollout side is past (asynchronous training
 # runs it at most max_staleness + 1 steps ahead; a bound keeps synchronous runs small)
@@ -437,6 +440,11 @@ class DAGWorker:
         self.prompts_source.load_state_dict(trainer_state["loader"])
         self.kl_controller.value = float(rank_state["kl_coef"])
         checkpoint.restore_rng(rank_state["rng"])
+        ahead = trainer_state.get("generated_ahead", [])
+        if ahead and self.rank == 0:
+            log.info("resuming after step %d: steps %s were generated but not trained when it "
+                     "was saved; they are generated again from the same prompts",
+                     trainer_state["step"], ahead)
         return int(trainer_state["step"]) + 1
 
 

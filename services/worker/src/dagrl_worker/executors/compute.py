@@ -11,7 +11,8 @@ import torch.distributed as dist
 
 from dagrl import telemetry
 from dagrl.algorithms import AdvantageInputs, apply_kl_penalty, compute_advantage, kl_penalty
-from dagrl.batch import Batch, concat
+from dagrl.batch import Batch
+from dagrl.batch.layout import concat_aligned
 from dagrl.errors import RewardError
 from dagrl.rewards import compute_score
 from dagrl_worker.executors.base import StepContext, response_tokens, sequence_scores
@@ -132,7 +133,7 @@ class DynamicSamplingExecutor:
             dropped += _group_count(more) - _group_count(informative)
             kept.append(informative)
             rounds += 1
-        result = _first_groups(concat(kept), self.target_groups)
+        result = _first_groups(concat_aligned(kept), self.target_groups)
         ctx.sink.add(telemetry.KEY_DYNAMIC_SAMPLING_FILTERED_GROUPS, dropped, Reduce.SUM)
         ctx.sink.add(telemetry.KEY_DYNAMIC_SAMPLING_KEPT_GROUPS, _group_count(result), Reduce.SUM)
         ctx.sink.add(telemetry.KEY_DYNAMIC_SAMPLING_ROUNDS, rounds, Reduce.MAX)

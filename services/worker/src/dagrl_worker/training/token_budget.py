@@ -20,9 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from dagrl.batch import Batch
-
-SEQUENCE_FIELDS = ("input_ids", "attention_mask", "position_ids")  # [B, P + R]
-PROMPT_FIELDS = ("prompts", "prompt_ids", "prompt_mask")  # [B, P]
+from dagrl.batch.layout import PROMPT_FIELDS, SEQUENCE_FIELDS
 
 
 @dataclass(frozen=True)
