@@ -18,7 +18,8 @@ from dagrl.config.typed import build, option
 
 @dataclass(frozen=True)
 class NodeConfig:
-    model_params: str | None = option(None, "model size for scheduling, e.g. 7B, 500M")
+    model_params: str | float | None = option(
+        None, "model size for scheduling, e.g. 7B, 500M, 7000000000")
     flops: float | None = option(None, "FLOPs per step for scheduling (overrides model_params)")
     dp_size: int | None = option(None, "data-parallel size (default: the node's ranks)")
     tp_size: int = option(1, "tensor-parallel size")

@@ -140,3 +140,20 @@ def test_malformed_clusters_are_rejected_with_every_problem() -> None:
     assert "name is used more than once" in message
     assert "device_kind must not be empty" in message
     assert "plans support at most" in message
+
+
+def test_pieces_take_whole_machines_before_any_remainder_is_packed() -> None:
+    # 211 + 211 + 205 + 205 ranks on 104 x 8: 102 whole machines, and the remainders 5, 5, 3, 3
+    # fit two machines (5 + 3 each). Placing each piece's remainder as soon as its whole
+    # machines are taken used a fresh machine for both 3s together, so the second 205-rank
+    # piece found no whole machines left: 27 machines, one of them shared by three pieces.
+    sizes = {"a": "211B", "b": "211B", "c": "205B", "d": "205B"}
+    graph = chain_graph({"prompts": [], **{k: ["prompts"] for k in sizes}},
+                        config={k: {"model_params": v} for k, v in sizes.items()})
+    plan = make_plan(graph, Cluster.homogeneous(104, 8))
+    assert [s.num_ranks for s in plan.subgraphs] == [211, 211, 205, 205]
+    assert [len(machines_of(plan, s.index)) for s in plan.subgraphs] == [27, 27, 26, 26]
+    pieces_on: dict[str, set[int]] = {}
+    for p in plan.placements:
+        pieces_on.setdefault(p.node_name, set()).add(p.subgraph_index)
+    assert max(len(pieces) for pieces in pieces_on.values()) == 2

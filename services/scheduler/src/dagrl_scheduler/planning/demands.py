@@ -2,7 +2,7 @@
 
 The scheduling keys of a node's config (`dagrl.config.NodeConfig` owns and checks them all):
 
-    model_params           model size, `7B`, `500M`, `1.5e9`: the cost estimate
+    model_params           model size, `7B`, `500M`, `1.5e9`: the cost estimate (MODEL_* nodes)
     flops                  FLOPs one step of this node costs; replaces model_params when given
     tp_size, pp_size       tensor / pipeline parallel sizes (default 1)
     dp_size                data-parallel size; pins the node's subgraph to dp x tp x pp ranks
@@ -11,13 +11,20 @@ The scheduling keys of a node's config (`dagrl.config.NodeConfig` owns and check
 
 Cost of a node: with model_params, parameters x passes per sample x samples per prompt, after
 the usual 2N / 6N FLOPs-per-token rule (Kaplan et al. 2020): 3 passes for a training node
-(forward + backward), 1 for forward-only and inference nodes. Samples per prompt: 1, times
-`samples_per_prompt` (rollout.n) for every chained ROLLOUT node the node's rows come through
-(`sample_multiplicity`, `dagrl.envs.chain_depth`) — the next agent of a chain draws n samples
-for each of the previous agent's samples, so its nodes see n times the rows. With flops, the
-number given (the whole step's). Units cannot be mixed: once any node gives flops, every node
-with model_params must give flops too. Nodes without either cost nothing (they still get ranks:
-every subgraph gets at least one).
+(forward + backward), 1 for forward-only, reference (MODEL_TRAIN by type, as in grpo, but
+frozen) and inference nodes. Samples per prompt: 1, times `samples_per_prompt` (rollout.n) for
+every chained ROLLOUT node the node's rows come through (`sample_multiplicity`,
+`dagrl.envs.chain_depth`) — the next agent of a chain draws n samples for each of the previous
+agent's samples, so its nodes see n times the rows. With flops, the number given (the whole
+step's). Units cannot be mixed: once any node gives flops, every node with model_params must
+give flops too. Nodes without either cost nothing (they still get ranks: every subgraph gets
+at least one).
+
+model_params is a size, `7B`, or a plain number (`7000000000`, `1.5e+9`). Only a node that
+holds a model (MODEL_INFERENCE, MODEL_TRAIN) may give it: on any other node (COMPUTE,
+ENV_INTERACT, DATA_LOAD, ...) it sizes no model and is refused, as every bad key is (never
+ignored: a cost that silently counts or silently vanishes both mislead); flops may cost any
+node.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from dataclasses import dataclass
 from dagrl.config import NodeConfig, node_config
 from dagrl.envs import chain_depth
 from dagrl.errors import ConfigError
-from dagrl.workflow import Node, NodeType, TaskGraph
+from dagrl.workflow import Node, NodeRole, NodeType, TaskGraph
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBgGtTpPeE]?)\s*$")
 _SUFFIX = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
@@ -128,6 +135,12 @@ def _demand(node: Node, config: NodeConfig, uses_flops: bool, rows: int,
 def _cost(node: Node, config: NodeConfig, uses_flops: bool, rows: int,
           problems: list[str]) -> tuple[float, str]:
     where = f"node {node.node_id!r}"
+    if config.model_params is not None and not node.is_model_node():
+        problems.append(
+            f"{where}: config.model_params is set on a {node.node_type} node, which holds no "
+            "model; remove it (only MODEL_INFERENCE and MODEL_TRAIN nodes are costed by their "
+            "model size), or give config.flops to cost what the node computes")
+        return 0.0, ""
     if config.flops is not None:
         if config.flops < 0:
             problems.append(f"{where}: config.flops must be >= 0, got {config.flops}")
@@ -155,4 +168,7 @@ def _cost(node: Node, config: NodeConfig, uses_flops: bool, rows: int,
 
 
 def _trains(node: Node) -> bool:
-    return node.node_type is NodeType.MODEL_TRAIN and not node.only_forward_compute
+    """A node that updates its model: MODEL_TRAIN, not forward-only, and not the reference
+    (a MODEL_TRAIN node by type, as in grpo, but a frozen model that only scores)."""
+    return (node.node_type is NodeType.MODEL_TRAIN and not node.only_forward_compute
+            and node.node_role is not NodeRole.REFERENCE)

@@ -2,10 +2,14 @@
 
 Two steps. First, how many of a subgraph's ranks go to each pool (machine type) it may use: a
 small transport problem solved greedily, most constrained subgraph first, with augmenting paths
-when the greedy choice blocks a later subgraph. Second, inside a pool, largest subgraph first:
-take whole free machines while the subgraph fills them, then put the rest on the machine whose
-free slots fit it most tightly (best fit), so that machines are shared by as few subgraphs as
-possible and large holes stay whole for later subgraphs.
+when the greedy choice blocks a later subgraph. Second, inside a pool: every subgraph, largest
+first, takes whole free machines while it fills them; only then are the remainders (each less
+than a machine) placed, largest first, each on the machine whose free slots fit it most tightly
+(best fit decreasing). So a subgraph of r ranks on machines of d devices spans ceil(r / d)
+machines unless the remainders cannot be packed without splitting one, and a machine is shared
+by as few subgraphs as the remainders allow. (Placing each remainder right after its
+subgraph's whole machines put small remainders on fresh machines that a later large subgraph
+needed whole: 211, 211, 205 and 205 ranks on 104 x 8 gave the last one 27 machines.)
 
 Machines are kept in buckets by their number of free slots, so each step costs O(devices per
 machine), never a scan over every slot or every placed rank: placing 4096 ranks on 512 machines
@@ -106,14 +110,18 @@ class _Transport:
 
 
 def pack_pool(pool: Pool, cluster: Cluster, demands: Sequence[tuple[int, int]]) -> list[SlotRun]:
-    """Place (subgraph, ranks) demands on the pool's machines; largest demand first."""
+    """Place (subgraph, ranks) demands on the pool's machines: every demand's whole machines
+    first (largest demand first), then the remainders, largest first, each on the machine
+    whose free slots fit it most tightly (best fit decreasing)."""
     capacity = [cluster.nodes[n].device_count for n in pool.node_indices]
     used = [0] * len(capacity)
-    buckets: dict[int, list[int]] = {}
-    for slot, count in enumerate(capacity):
-        buckets.setdefault(count, []).append(slot)
     runs: list[SlotRun] = []
-    for sub, need in sorted(demands, key=lambda d: (-d[1], d[0])):
+    remainders = _take_whole_machines(pool, capacity, used, demands, runs)
+    buckets: dict[int, list[int]] = {}
+    for slot, count in enumerate(capacity):  # ascending slots: each bucket stays sorted
+        if count - used[slot]:
+            buckets.setdefault(count - used[slot], []).append(slot)
+    for sub, need in sorted(remainders, key=lambda d: (-d[1], d[0])):
         while need:
             fit = _best_fit(buckets, need)
             slot = fit if fit is not None else _largest_free(buckets)
@@ -126,6 +134,29 @@ def pack_pool(pool: Pool, cluster: Cluster, demands: Sequence[tuple[int, int]]) 
                 insort(buckets.setdefault(free - count, []), slot)
             need -= count
     return runs
+
+
+def _take_whole_machines(pool: Pool, capacity: list[int], used: list[int],
+                         demands: Sequence[tuple[int, int]],
+                         runs: list[SlotRun]) -> list[tuple[int, int]]:
+    """Give each demand, largest first, whole free machines (the largest first) while it fills
+    them; the (subgraph, ranks) left over, none of which fills the largest free machine.
+
+    All demands get their whole machines before any remainder is placed: a remainder put on a
+    fresh machine early would take a machine that a later, large demand needs whole."""
+    fresh = sorted(range(len(capacity)), key=lambda slot: (-capacity[slot], slot))
+    taken = 0
+    remainders = []
+    for sub, need in sorted(demands, key=lambda d: (-d[1], d[0])):
+        while taken < len(fresh) and need >= capacity[fresh[taken]]:
+            slot = fresh[taken]
+            runs.append(SlotRun(sub, pool.node_indices[slot], 0, capacity[slot]))
+            used[slot] = capacity[slot]
+            need -= capacity[slot]
+            taken += 1
+        if need:
+            remainders.append((sub, need))
+    return remainders
 
 
 def _best_fit(buckets: dict[int, list[int]], need: int) -> int | None:
