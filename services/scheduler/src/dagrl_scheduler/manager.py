@@ -169,8 +169,10 @@ class JobManager:
         try:
             return (store.read_job_events(job_id, after, block_ms=WATCH_BLOCK_MS),
                     store.get(job_id))
-        except (redis.RedisError, OSError, ValueError) as exc:
-            if self._closed.is_set():  # close() closed the connection under the read
+        except Exception as exc:
+            # close() closed the connection under the read: redis-py then fails in more than
+            # one way (ConnectionError, ValueError, an AttributeError on its dropped buffer)
+            if self._closed.is_set():
                 raise stopping from exc
             raise
 
