@@ -150,3 +150,42 @@ def _with_efficiency(config: JobConfig) -> JobConfig:
                                     log_prob_max_token_len_per_rank=BUDGET),
         ref=dataclasses.replace(policy.ref, log_prob_use_dynamic_bsz=True,
                                 log_prob_max_token_len_per_rank=BUDGET)))
+
+
+def test_critic_values_and_update_honour_its_own_options(tiny_checkpoint: Path) -> None:
+    """`critic.use_dynamic_bsz`, `critic.ppo_max_token_len_per_rank` and
+    `critic.model.use_remove_padding` reach the values pass and the update, and change
+    neither the values nor the value loss."""
+    from transformers import AutoModelForTokenClassification
+
+    from dagrl.algorithms import FixedKLController
+    from dagrl.config import load_job_config
+    from dagrl_worker.executors.base import StepContext
+    from dagrl_worker.executors.models import CriticTrainExecutor, ValuesExecutor
+
+    _, rows = uneven_batch(tiny_checkpoint)
+    results = {}
+    for fast in (False, True):
+        torch.manual_seed(0)
+        critic = AutoModelForTokenClassification.from_pretrained(str(tiny_checkpoint),
+                                                                 num_labels=1)
+        config = load_job_config(data={
+            "data": {"train_batch_size": 4},
+            "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 4}},
+            "critic": {"use_dynamic_bsz": fast, "ppo_max_token_len_per_rank": BUDGET,
+                       "ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_rank": 4,
+                       "model": {"use_remove_padding": fast}}})
+        engine = TrainEngine(critic, config.critic.optim, total_steps=2, dp=DataParallel(),
+                             strategy="ddp")
+        sink = MetricSink()
+        ctx = StepContext(1, 0, config, sink, FixedKLController(0.0))
+        valued = ValuesExecutor(engine).run(rows, ctx)
+        returns = torch.ones_like(valued.tensors["values"]) * rows.tensors["response_mask"]
+        CriticTrainExecutor(engine).run(valued.with_fields(tensors={"returns": returns}), ctx)
+        results[fast] = (valued.tensors["values"], sink.summary())
+    mask = rows.tensors["response_mask"].bool()
+    assert float((results[False][0] - results[True][0])[mask].abs().max()) <= 1e-5
+    plain, fast_summary = results[False][1], results[True][1]
+    assert fast_summary["critic/vf_loss"][1] == pytest.approx(plain["critic/vf_loss"][1],
+                                                              rel=1e-5)
+    assert fast_summary["perf/padding_ratio"][1] < plain["perf/padding_ratio"][1]
