@@ -91,6 +91,9 @@ def test_dagrl_run_is_traced_step_by_step(metrics_service: MetricsServer, assets
         assert list(summary.critical_path) == order  # GRPO is a chain
         assert summary.tokens > 0
         assert "critic/score/mean" in summary.metrics
+        # the update's FLOPs against the ranks' measured peaks (`training.flops`)
+        assert summary.HasField("mfu") and 0 < summary.mfu < 1, summary.mfu
+        assert 0 < summary.metrics["perf/mfu/actor"] < 1
 
 
 def test_async_example_traces_rollout_and_training_of_different_steps_overlapping(

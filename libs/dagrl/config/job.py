@@ -40,6 +40,22 @@ class ModelConfig:
     use_remove_padding: bool = option(
         False, "padding-free forwards: each micro-batch's rows concatenated with restarting "
         "position ids (flash-attention varlen on GPU, a block-diagonal mask on CPU)")
+    lora_rank: int = option(
+        0, "LoRA adapters of this rank on the policy (peft; 0: full fine-tuning): only the "
+        "adapters train, the reference is the model with adapters off")
+    lora_alpha: int = option(16, "LoRA scaling numerator: adapters scale by lora_alpha / lora_rank")
+    target_modules: str | tuple[str, ...] = option(
+        "all-linear", "layers that get adapters: 'all-linear' or names such as [q_proj, v_proj]")
+
+    def check(self) -> list[str]:
+        problems = []
+        if self.lora_rank < 0:
+            problems.append(f"lora_rank must be >= 0 (0: no LoRA), got {self.lora_rank}")
+        if self.lora_rank > 0 and self.lora_alpha <= 0:
+            problems.append(f"lora_alpha must be > 0, got {self.lora_alpha}")
+        if isinstance(self.target_modules, tuple) and not self.target_modules:
+            problems.append("target_modules must name at least one layer (or 'all-linear')")
+        return problems
 
 
 @dataclass(frozen=True)
@@ -215,10 +231,14 @@ class CriticConfig:
     loss_agg_mode: LossAggMode = option("token-mean", "how token losses form the batch loss")
 
     def check(self) -> list[str]:
+        problems = []
         if self.ppo_max_token_len_per_rank < 1:
-            return [f"ppo_max_token_len_per_rank must be >= 1, got "
-                    f"{self.ppo_max_token_len_per_rank}"]
-        return []
+            problems.append(f"ppo_max_token_len_per_rank must be >= 1, got "
+                            f"{self.ppo_max_token_len_per_rank}")
+        if self.model.lora_rank > 0:
+            problems.append("critic.model.lora_rank: LoRA is for the policy "
+                            "(actor_rollout_ref.model.lora_rank); the critic trains fully")
+        return problems
 
 
 @dataclass(frozen=True)

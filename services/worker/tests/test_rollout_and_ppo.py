@@ -89,3 +89,4 @@ def test_ppo_update_raises_log_prob_of_positive_advantage(tiny_checkpoint: Path)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     summary = sink.summary()
     assert {"actor/pg_loss", "actor/grad_norm", "actor/lr", "actor/ppo_kl"} <= set(summary)
+    assert 0 < summary["perf/mfu/actor"][1] < 1  # CPU: against the measured matmul rate

@@ -15,6 +15,7 @@ multi-turn. Agent options and ENV_INTERACT nodes are checked by `dagrl.envs`'
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -56,6 +57,7 @@ from dagrl_worker.executors.models import (
 )
 from dagrl_worker.executors.multiturn import MultiTurnRolloutExecutor
 from dagrl_worker.rollout import HFRollout, RolloutBackend
+from dagrl_worker.training import lora
 from dagrl_worker.training.engine import TrainEngine
 from dagrl_worker.training.parallel import DataParallel
 from dagrl_worker.weight_layout import TensorSpec, specs_of
@@ -129,7 +131,9 @@ def build_agent_models(graph: TaskGraph, my_nodes: set[str], agent_group: int,
     models = AgentModels(tokenizer=tokenizer)
     weights = policy_weights or policy_path
     if NodeRole.ACTOR in roles:
-        module = _for_training(_load_causal_lm(weights, policy), policy)
+        trains = any(n.node_role == NodeRole.ACTOR and not n.only_forward_compute
+                     for n in nodes)
+        module = _actor_module(policy_path, policy_weights, policy, trains)
         strategy = config.actor_rollout_ref.actor.strategy
         if strategy == "megatron":
             raise UnsupportedNodeError("actor strategy 'megatron' needs the megatron extra and "
@@ -140,7 +144,8 @@ def build_agent_models(graph: TaskGraph, my_nodes: set[str], agent_group: int,
         models.rollout = build_rollout(weights, config, tokenizer, models.actor)
         if models.actor is None:  # a rollout-only rank: weight sync fills in the policy
             models.policy_specs = policy_specs(weights, policy)
-    if NodeRole.REFERENCE in roles:
+    if NodeRole.REFERENCE in roles and not (models.actor and models.actor.has_lora):
+        # with LoRA on this rank the reference is the actor with its adapters off
         reference = _load_causal_lm(policy_path, policy)
         reference.eval().requires_grad_(False)
         models.reference = reference
@@ -153,6 +158,21 @@ def build_agent_models(graph: TaskGraph, my_nodes: set[str], agent_group: int,
         models.critic = TrainEngine(value_model, config.critic.optim, total_steps,
                                     _training_dp(nodes, NodeRole.CRITIC, dp_for), "ddp")
     return models
+
+
+def _actor_module(policy_path: str, policy_weights: str | None, policy: ModelConfig,
+                  trains: bool) -> Any:
+    """The actor's module. To train with LoRA: the original checkpoint under fresh adapters,
+    or under the adapters a checkpoint saved (`policy_weights`, on resume). Otherwise the
+    policy's weights (a checkpoint's on resume): also a forward-only replica's under LoRA,
+    which weight sync fills with the merged weights."""
+    if policy.lora_rank == 0 or not trains:
+        return _for_training(_load_causal_lm(policy_weights or policy_path, policy), policy)
+    module = lora.with_lora(_for_training(_load_causal_lm(policy_path, policy), policy), policy)
+    if policy_weights is not None:
+        lora.load_adapter(module, Path(policy_weights) / lora.ADAPTER_FOLDER)
+    module.train()
+    return module
 
 
 def build_rollout(weights: str, config: JobConfig, tokenizer: PreTrainedTokenizerBase,

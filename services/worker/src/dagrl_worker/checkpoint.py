@@ -2,6 +2,8 @@
 
 Layout of `<root>/global_step_<N>/`:
     agent<g>/actor/      HF checkpoint of agent g's policy (config + safetensors), rank 0
+    agent<g>/actor/adapter/  with LoRA: the adapter in peft's format (the HF checkpoint
+                         above is the base with it merged in); a resume trains on from it
     agent<g>/critic/     HF checkpoint of its value model, when there is one
     rank<r>.pt           rank r's optimizer + LR-schedule states, RNG states, KL controller
     trainer.json         step and dataloader position
@@ -25,6 +27,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
+
+from dagrl_worker.training import lora
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 
@@ -109,6 +113,17 @@ def save_hf_model(module: Any, state: dict[str, torch.Tensor], folder: Path) -> 
             seen.add(key)
             unique[name] = tensor.detach().contiguous()
     save_file(unique, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+def save_trained_model(module: Any, state: dict[str, torch.Tensor], folder: Path) -> None:
+    """A trained model's checkpoint: `save_hf_model`; with LoRA the merged model there and
+    the adapter (what a resume loads into the original base) in `folder/adapter`."""
+    if not lora.is_lora(module):
+        save_hf_model(module, state, folder)
+        return
+    merged = dict(lora.merged_tensors(iter(state.items()), lora.scalings(module)))
+    save_hf_model(lora.base_model(module), merged, folder)
+    lora.save_adapter(module, lora.adapter_state(module, state), folder / lora.ADAPTER_FOLDER)
 
 
 def save_rank_state(folder: Path, rank: int, state: dict[str, Any]) -> None:

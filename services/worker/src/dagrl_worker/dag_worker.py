@@ -223,11 +223,19 @@ class DAGWorker:
             if self.max_staleness is None:
                 self._sync_weights(sink)
             span.add_tokens(int(sink.value(telemetry.KEY_TOKENS_GENERATED)))
+            peak = self._peak_flops()
+            if peak:  # with the phases' FLOPs, the metrics service's step MFU
+                span.set_attribute(telemetry.ATTR_PEAK_FLOPS, peak)
         self.router.clear()
         if self.max_staleness is None or self._trains():
             self.policy_version = step  # updated here, or synced at the end of the step
         sink.add(telemetry.KEY_TIME_PER_STEP, time.perf_counter() - started, Reduce.MAX)
         return sink.summary()
+
+    def _peak_flops(self) -> float | None:
+        """This rank's device peak FLOP/s, known where it trains a model (`training.flops`)."""
+        engines = [e for m in self.models.values() for e in (m.actor, m.critic) if e]
+        return max((e.peak_flops or 0.0 for e in engines), default=0.0) or None
 
     def _trains(self) -> bool:
         return any(self.graph[n].node_type == NodeType.MODEL_TRAIN
@@ -407,7 +415,7 @@ class DAGWorker:
                 trainers = trainer_ranks(self.graph, self.plan, agent, NodeRole(role.upper()))
                 if self.rank == min(trainers, default=-1):  # the first trainer writes it
                     folder = tmp / f"agent{agent}" / role
-                    checkpoint.save_hf_model(engine.inner, full, folder)
+                    checkpoint.save_trained_model(engine.inner, full, folder)
                     models.tokenizer.save_pretrained(str(folder))
                 rank_state[f"agent{agent}/{role}"] = engine.training_state()
         checkpoint.save_rank_state(tmp, self.rank, rank_state)

@@ -36,7 +36,7 @@ from dagrl.workflow import NodeRole, NodeType, TaskGraph
 from dagrl.workflow.model_use import MODEL_USE
 from dagrl_worker.executors.base import AgentModels
 from dagrl_worker.plan_view import PlanView
-from dagrl_worker.weight_layout import TensorSpec, plan_buckets, specs_of
+from dagrl_worker.weight_layout import TensorSpec, plan_buckets
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ def run_model_sync(sync: ModelSync, models: AgentModels, rank: int) -> int:
     if sync.gathers:
         assert engine is not None
         tensors = engine.full_tensors()
-        specs = specs_of(engine.inner.state_dict().items())
+        specs = engine.tensor_specs()
         for bucket in group_into_buckets(tensors, plan_buckets(specs)):
             if sync.loads_locally:
                 assert models.rollout is not None
@@ -206,7 +206,7 @@ def publish_model(sync: ModelSync, models: AgentModels, rank: int) -> Published:
         return []
     engine = models.actor if sync.role == NodeRole.ACTOR else models.critic
     assert engine is not None
-    specs = specs_of(engine.inner.state_dict().items())
+    specs = engine.tensor_specs()
     is_source = rank == sync.group.source
     buckets = []
     for bucket in group_into_buckets(engine.full_tensors(), plan_buckets(specs)):
@@ -232,9 +232,9 @@ def receiver_specs(models: AgentModels, role: NodeRole) -> list[TensorSpec]:
     """The tensors a receiving rank expects: its replica's, else the policy's layout."""
     if role == NodeRole.CRITIC:
         assert models.critic is not None
-        return specs_of(models.critic.inner.state_dict().items())
+        return models.critic.tensor_specs()
     if models.actor is not None:
-        return specs_of(models.actor.inner.state_dict().items())
+        return models.actor.tensor_specs()
     assert models.policy_specs is not None, "a rollout-only rank knows the policy's layout"
     return models.policy_specs
 

@@ -15,6 +15,7 @@ from dagrl_worker.executors.base import AgentModels, StepContext, response_token
 from dagrl_worker.metrics import Reduce
 from dagrl_worker.rollout import RolloutBackend, SamplingParams
 from dagrl_worker.rollout.base import step_seed
+from dagrl_worker.training import lora
 from dagrl_worker.training.engine import TrainEngine
 from dagrl_worker.training.ppo import (
     ActorUpdate,
@@ -116,10 +117,17 @@ class OldLogProbExecutor:
 
 
 class ReferenceLogProbExecutor:
-    """REFERENCE: log-probs under the frozen initial policy (for the KL term)."""
+    """REFERENCE: log-probs under the frozen initial policy (for the KL term).
+
+    With LoRA on a rank that trains the actor, the reference is the actor's own module with
+    its adapters off (`lora.adapters_disabled`): the base weights are the initial policy's,
+    frozen, and no second copy is loaded.
+    """
 
     def __init__(self, models: AgentModels) -> None:
-        if models.reference is None:
+        self.actor = models.actor if models.actor is not None and models.actor.has_lora \
+            else None
+        if models.reference is None and self.actor is None:
             raise ValueError("a REFERENCE node needs a reference model on this rank")
         self.module = models.reference
 
@@ -128,8 +136,15 @@ class ReferenceLogProbExecutor:
         micro = micro_batching(ref.log_prob_micro_batch_size_per_rank,
                                ref.log_prob_use_dynamic_bsz, ref.log_prob_max_token_len_per_rank)
         with telemetry.phase_span(telemetry.SPAN_LOG_PROB), ctx.sink.compute():
-            log_probs = compute_log_probs(self.module, batch, micro, _temperature(ctx),
-                                          remove_padding=_remove_padding(ctx))
+            if self.actor is None:
+                assert self.module is not None
+                log_probs = compute_log_probs(self.module, batch, micro, _temperature(ctx),
+                                              remove_padding=_remove_padding(ctx))
+            else:
+                module, peers = forward_module(self.actor)
+                with lora.adapters_disabled(self.actor.inner):
+                    log_probs = compute_log_probs(module, batch, micro, _temperature(ctx),
+                                                  peers, _remove_padding(ctx))
         return batch.with_fields(tensors={"ref_log_probs": log_probs})
 
 

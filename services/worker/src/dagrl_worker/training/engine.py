@@ -5,6 +5,8 @@ accumulation over micro-batches, clipping, and the model's full state for checkp
 and weight sync. It does not know about PPO: `dagrl_worker.training.ppo` drives it.
 
 On CPU the process group is gloo; on GPU NCCL. With one rank the module is not wrapped.
+With LoRA (`training.lora`) the module is a peft model whose base weights are frozen: the
+optimizer holds the adapters only, and `full_tensors` yields the merged base-model weights.
 """
 
 from __future__ import annotations
@@ -24,8 +26,11 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from dagrl.config import OptimConfig
+from dagrl_worker.training import lora
+from dagrl_worker.training.flops import FlopCounter, peak_flops
 from dagrl_worker.training.optim import build_optimizer, build_scheduler
 from dagrl_worker.training.parallel import DataParallel
+from dagrl_worker.weight_layout import TensorSpec, specs_of
 
 Strategy = Literal["fsdp", "ddp"]
 
@@ -34,6 +39,9 @@ class TrainEngine:
     def __init__(self, module: torch.nn.Module, optim: OptimConfig, total_steps: int,
                  dp: DataParallel, strategy: Strategy = "ddp") -> None:
         self.inner = module
+        self.flop_counter = FlopCounter(module, trains_weights=not lora.is_lora(module))
+        first = next(module.parameters())
+        self.peak_flops = peak_flops(first.device, first.dtype)  # per rank; None: unknown
         self.dp = dp
         self.strategy = strategy
         self.grad_clip = optim.grad_clip
@@ -105,10 +113,30 @@ class TrainEngine:
 
     def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every tensor of the model unsharded, one at a time, on the model's device (weight
-        sync). Under FSDP each is an all-gather: every trainer iterates to the end."""
+        sync). Under FSDP each is an all-gather: every trainer iterates to the end. With LoRA
+        the base model's tensors with the adapters merged in, by the base model's names."""
+        tensors = self._unsharded_tensors()
+        if self.has_lora:
+            return lora.merged_tensors(tensors, lora.scalings(self.inner))  # type: ignore[arg-type]
+        return tensors
+
+    def _unsharded_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name, value in self.inner.state_dict().items():
             full = value.full_tensor() if hasattr(value, "full_tensor") else value
             yield name, full.detach()
+
+    def tensor_specs(self) -> list[TensorSpec]:
+        """Names, shapes and dtypes of what `full_tensors` yields, without gathering."""
+        shapes: Iterator[tuple[str, torch.Tensor]] = (
+            (name, torch.empty(value.shape, dtype=value.dtype, device="meta"))
+            for name, value in self.inner.state_dict().items())
+        if self.has_lora:
+            shapes = lora.merged_tensors(shapes, lora.scalings(self.inner))  # type: ignore[arg-type]
+        return specs_of(shapes)
+
+    @property
+    def has_lora(self) -> bool:
+        return lora.is_lora(self.inner)
 
     @property
     def is_sharded(self) -> bool:
@@ -133,6 +161,6 @@ class TrainEngine:
 
 def _decoder_layers(module: torch.nn.Module) -> list[torch.nn.Module]:
     """The transformer blocks of an HF causal LM (`model.layers`), sharded one by one."""
-    backbone = getattr(module, "model", None)
+    backbone = getattr(lora.base_model(module), "model", None)
     layers = getattr(backbone, "layers", None)
     return list(layers) if layers is not None else []

@@ -13,6 +13,7 @@ token-balanced resharding make shards uneven). The loops stay in lock step anywa
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -89,13 +90,16 @@ class MicroStep:
     run: Callable[[Batch, float], None]  # (micro-batch, loss scale) -> backward done
     loss_agg_mode: str  # what the loss scale normalises by (tokens or sequences)
     span_name: str  # each model's micro-steps are traced under a name of their own
+    mfu_key: str  # the model's perf/mfu/ metric
 
 
 def run_minibatches(engine: TrainEngine, rows: Batch, plan: MiniBatchPlan, step: MicroStep,
                     sink: MetricSink) -> list[float]:
-    """Drive epochs x mini-batches x micro-batches; returns the grad norm of each step."""
+    """Drive epochs x mini-batches x micro-batches; returns the grad norm of each step.
+    Reports the update's model FLOPs utilisation (`training.flops`) where the peak is known."""
     grad_norms = []
     template, mode = rows, step.loss_agg_mode
+    flops, started = 0.0, time.perf_counter()
     for _epoch in range(plan.epochs):
         for mini in rows.chunk(plan.mini_batches):
             mask = mini.tensors["response_mask"]
@@ -110,10 +114,17 @@ def run_minibatches(engine: TrainEngine, rows: Batch, plan: MiniBatchPlan, step:
                         step.span_name) as span, sink.compute():
                     step.run(batch, scale)
                     span.add_tokens(int(batch.tensors["response_mask"].sum()))
+                    if not is_padding:
+                        micro_flops = engine.flop_counter.training(batch)
+                        span.add_flops(int(micro_flops))
+                        flops += micro_flops
                 if not is_padding:
                     record_padding(batch, sink)
             with telemetry.phase_span(telemetry.SPAN_OPTIMIZER_STEP), sink.compute():
                 grad_norms.append(engine.optimizer_step())
+    elapsed = time.perf_counter() - started
+    if engine.peak_flops and elapsed > 0:
+        sink.add(step.mfu_key, flops / (elapsed * engine.peak_flops), Reduce.MEAN)
     return grad_norms
 
 
@@ -223,7 +234,8 @@ def update_actor(engine: TrainEngine, rows: Batch, update: ActorUpdate, plan: Mi
                  weight=tokens)
         sink.add(telemetry.KEY_ACTOR_PPO_KL, float(stats.ppo_kl), Reduce.MEAN, weight=tokens)
 
-    step = MicroStep(micro_step, mode, telemetry.SPAN_ACTOR_FORWARD_BACKWARD)
+    step = MicroStep(micro_step, mode, telemetry.SPAN_ACTOR_FORWARD_BACKWARD,
+                     telemetry.KEY_MFU_ACTOR)
     for grad_norm in run_minibatches(engine, rows, plan, step, sink):
         sink.add(telemetry.KEY_ACTOR_GRAD_NORM, grad_norm, Reduce.MEAN)
     sink.add(telemetry.KEY_ACTOR_LR, engine.lr, Reduce.MAX)
@@ -247,7 +259,8 @@ def update_critic(engine: TrainEngine, rows: Batch, config: CriticConfig,
                  weight=_denominator(batch.tensors["response_mask"], mode))
         sink.add(telemetry.KEY_CRITIC_VF_CLIPFRAC, float(vf_clipfrac), Reduce.MEAN, weight=tokens)
 
-    step = MicroStep(micro_step, mode, telemetry.SPAN_CRITIC_FORWARD_BACKWARD)
+    step = MicroStep(micro_step, mode, telemetry.SPAN_CRITIC_FORWARD_BACKWARD,
+                     telemetry.KEY_MFU_CRITIC)
     for grad_norm in run_minibatches(engine, rows, plan, step, sink):
         sink.add(telemetry.KEY_CRITIC_GRAD_NORM, grad_norm, Reduce.MEAN)
     sink.add(telemetry.KEY_CRITIC_LR, engine.lr, Reduce.MAX)

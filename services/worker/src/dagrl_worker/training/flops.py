@@ -1,0 +1,86 @@
+"""Model FLOPs of a training pass and the device's peak FLOP/s: `perf/mfu/<model>`.
+
+The estimate is the usual one (Kaplan et al. 2020; Narayanan et al. 2021; verl's
+FlopsCounter): a forward over a sequence of s real tokens costs 2 * N * s for the N weights
+that multiply activations (every 2-D weight but the input embedding, the output projection
+counted even when tied) plus 4 * L * d * s^2 for attention scores and values (L layers,
+d = heads x head dim). Training is forward + backward: 3 forwards when the weights train,
+2 with LoRA (frozen weights take no weight gradient; the adapters' own FLOPs, rank r << d,
+are left out). Padding is not counted: MFU measures useful work, so removing padding
+raises it.
+
+The peak: a CUDA device's dense bf16/fp16 figure from its data sheet (fp32 runs as TF32 at
+half of it); on CPU the dense fp32 matmul rate measured once on this process's threads, an
+attainable peak rather than a data sheet's, so a CPU MFU says how close the step comes to
+the matmul rate. A GPU this table does not know gives no MFU.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any, cast
+
+import torch
+
+from dagrl.batch import Batch
+
+# dense bf16 TFLOP/s by a substring of torch.cuda.get_device_name()
+_GPU_BF16_TFLOPS = (("B200", 2250.0), ("H200", 989.0), ("H100", 989.0), ("H800", 989.0),
+                    ("H20", 148.0), ("A100", 312.0), ("A800", 312.0), ("L40S", 362.0),
+                    ("L40", 181.0), ("A10", 125.0), ("4090", 165.0), ("3090", 71.0))
+
+
+class FlopCounter:
+    """FLOPs of one model's passes, from its shape (computed once)."""
+
+    def __init__(self, module: torch.nn.Module, trains_weights: bool) -> None:
+        model = cast(Any, module)  # an HF PreTrainedModel (or a peft model around one)
+        config = model.config
+        inputs = model.get_input_embeddings().weight
+        output = model.get_output_embeddings()
+        projection = [] if output is None else [output.weight]
+        skip = {id(inputs), *(id(w) for w in projection)}
+        self.matmul_weights = sum(p.numel() for p in module.parameters()
+                                  if p.dim() == 2 and id(p) not in skip)
+        self.matmul_weights += sum(w.numel() for w in projection)
+        head_dim = getattr(config, "head_dim", None) or (
+            config.hidden_size // config.num_attention_heads)
+        self.attention_width = config.num_hidden_layers * config.num_attention_heads * head_dim
+        self.passes = 3 if trains_weights else 2
+
+    def forward(self, rows: Batch) -> float:
+        lengths = rows.tensors["attention_mask"].sum(dim=1).double()  # [B]
+        return float(2 * self.matmul_weights * lengths.sum()
+                     + 4 * self.attention_width * (lengths ** 2).sum())
+
+    def training(self, rows: Batch) -> float:
+        return self.passes * self.forward(rows)
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
+    """FLOP/s this rank's device can do at best (see the module docstring), or None."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, tflops in _GPU_BF16_TFLOPS:
+            if key in name:
+                return tflops * 1e12 * (0.5 if dtype == torch.float32 else 1.0)
+        return None
+    if device.type == "cpu":
+        return measured_cpu_matmul_flops()
+    return None
+
+
+@functools.cache
+def measured_cpu_matmul_flops(size: int = 512, min_seconds: float = 0.1) -> float:
+    """Dense fp32 matmul FLOP/s on this process's threads (best of a few timed runs)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)  # warm-up
+    best = 0.0
+    for _ in range(3):
+        runs, started = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - started) < min_seconds / 3 or runs == 0:
+            torch.mm(a, b)
+            runs += 1
+        best = max(best, 2.0 * size ** 3 * runs / elapsed)
+    return best

@@ -1,0 +1,124 @@
+"""LoRA on the policy (`training.lora`): merged weights equal the adapted model, only the
+adapters train, the reference is the base, adapters round-trip in peft's format."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+
+from dagrl.config import ModelConfig, OptimConfig, load_job_config
+from dagrl.errors import ConfigError
+from dagrl_worker.builder import policy_specs
+from dagrl_worker.training import lora
+from dagrl_worker.training.engine import TrainEngine
+from dagrl_worker.training.parallel import DataParallel
+
+LORA = ModelConfig(lora_rank=4, lora_alpha=8)
+
+
+def base(path: Path) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+
+
+def trained_adapters(path: Path, seed: int = 0) -> PeftModel:
+    """A LoRA model whose adapters are not zero (B starts at 0: nothing to merge yet)."""
+    model = lora.with_lora(base(path), LORA)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.05)
+    return model
+
+
+def logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+IDS = torch.tensor([[5, 9, 12, 7, 3, 20, 11, 4]])
+
+
+def test_merged_weights_compute_what_the_adapted_model_does(tiny_checkpoint: Path) -> None:
+    adapted = trained_adapters(tiny_checkpoint)
+    merged_state = dict(lora.merged_tensors(iter(adapted.state_dict().items()),
+                                            lora.scalings(adapted)))
+    plain = base(tiny_checkpoint)
+    # the base model's names in its order (a broadcast's receiver unpacks by that order)
+    assert list(merged_state) == list(plain.state_dict())
+    plain.load_state_dict(merged_state)
+    assert not torch.equal(logits(plain, IDS), logits(base(tiny_checkpoint), IDS))
+    torch.testing.assert_close(logits(plain, IDS), logits(adapted, IDS), atol=1e-5, rtol=0)
+
+
+def test_only_adapters_train_and_the_reference_is_the_base(tiny_checkpoint: Path) -> None:
+    adapted = trained_adapters(tiny_checkpoint)
+    engine = TrainEngine(adapted, OptimConfig(lr=1e-2), total_steps=2, dp=DataParallel())
+    optimized = {id(p) for group in engine.optimizer.param_groups for p in group["params"]}
+    names = {n for n, p in adapted.named_parameters() if id(p) in optimized}
+    assert names and all("lora_" in n for n in names)
+    before = {n: p.detach().clone() for n, p in adapted.named_parameters()}
+    adapted(input_ids=IDS, labels=IDS).loss.backward()
+    engine.optimizer_step()
+    changed = {n for n, p in adapted.named_parameters() if not torch.equal(p, before[n])}
+    assert changed == names
+    with lora.adapters_disabled(adapted):
+        reference = logits(adapted, IDS)
+    assert torch.equal(reference, logits(base(tiny_checkpoint), IDS))
+    assert not torch.equal(logits(adapted, IDS), reference)  # adapters back on
+
+
+def test_engine_sends_merged_weights_by_their_specs(tiny_checkpoint: Path) -> None:
+    engine = TrainEngine(trained_adapters(tiny_checkpoint), OptimConfig(), 1, DataParallel())
+    assert engine.has_lora
+    sent = list(engine.full_tensors())
+    specs = engine.tensor_specs()
+    assert [(s.name, s.shape, s.dtype) for s in specs] == [
+        (n, tuple(t.shape), t.dtype) for n, t in sent]
+    assert specs == policy_specs(str(tiny_checkpoint), ModelConfig())  # what receivers expect
+    assert not any("lora_" in n or "base_layer" in n for n, _ in sent)
+
+
+def test_adapter_round_trips_in_peft_format(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    adapted = trained_adapters(tiny_checkpoint, seed=3)
+    lora.save_adapter(adapted, lora.adapter_state(adapted, adapted.state_dict()), tmp_path)
+    fresh = lora.with_lora(base(tiny_checkpoint), LORA)
+    lora.load_adapter(fresh, tmp_path)
+    assert torch.equal(logits(fresh, IDS), logits(adapted, IDS))
+    by_peft = PeftModel.from_pretrained(base(tiny_checkpoint), str(tmp_path))
+    assert torch.equal(logits(by_peft, IDS), logits(adapted, IDS))
+
+
+def test_adapter_of_another_rank_is_refused(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    adapted = trained_adapters(tiny_checkpoint)
+    lora.save_adapter(adapted, lora.adapter_state(adapted, adapted.state_dict()), tmp_path)
+    other = lora.with_lora(base(tiny_checkpoint), dataclasses.replace(LORA, lora_rank=8))
+    with pytest.raises(ConfigError, match="lora_rank"):
+        lora.load_adapter(other, tmp_path)
+    with pytest.raises(ConfigError, match="without LoRA"):
+        lora.load_adapter(other, tmp_path / "missing")
+
+
+def test_targets_must_be_linear_layers_that_exist(tiny_checkpoint: Path) -> None:
+    with pytest.raises(ConfigError, match="target_modules"):
+        lora.with_lora(base(tiny_checkpoint),
+                       dataclasses.replace(LORA, target_modules=("no_such_proj",)))
+    with pytest.raises(ConfigError, match="not linear"):
+        lora.with_lora(base(tiny_checkpoint),
+                       dataclasses.replace(LORA, target_modules=("embed_tokens",)))
+
+
+def test_config_checks_lora_options() -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_job_config(data={
+            "actor_rollout_ref": {"model": {"lora_rank": -1, "target_modules": []}},
+            "critic": {"model": {"lora_rank": 4}}})
+    problems = str(raised.value)
+    assert "lora_rank must be >= 0" in problems
+    assert "target_modules must name" in problems
+    assert "critic.model.lora_rank" in problems
