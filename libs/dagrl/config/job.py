@@ -359,6 +359,8 @@ class TrainerConfig:
     default_local_dir: str = option("checkpoints", "root folder of checkpoints")
     max_checkpoints_to_keep: int = option(3, "older checkpoints are deleted")
     max_restarts: int = option(3, "restarts from the last checkpoint after a worker dies")
+    placement_timeout_s: float = option(
+        300.0, "how long the plan's machines may wait for their Ray nodes' resources")
     balance_batch: bool = option(True, "reshard training inputs by token count across dp ranks")
     logger: tuple[str, ...] = option(("console",), "console, jsonl, tensorboard, wandb, mlflow")
     max_staleness: int | None = option(

@@ -24,8 +24,14 @@ from dagrl_worker.weight_sync import Published
 
 @ray.remote
 class DAGWorkerActor:
-    def __init__(self, spec: WorkerSpec, rank: int) -> None:
+    def __init__(self, spec: WorkerSpec, rank: int, local_rank: int = 0) -> None:
+        # torch's convention; Ray already sets the visible devices of a GPU actor
+        os.environ["LOCAL_RANK"] = str(local_rank)
         self.worker = DAGWorker(spec, rank, store=open_shard_store(spec.redis_url))
+
+    def node_id(self) -> str:
+        """The Ray node this rank runs on (tests check it against the plan's binding)."""
+        return ray.get_runtime_context().get_node_id()
 
     def rendezvous(self) -> str:
         """The torch.distributed init method every rank joins (asked of rank 0).

@@ -5,7 +5,9 @@ scheduler launches a job: the driver reads the job's spec and plan from the job 
 (`dagrl.jobs`), reports progress there each step, and sets the final state.
 
 Life of a job here:
-1. a placement group with one bundle per rank (CPU, or GPU when there are GPUs);
+1. each machine of the plan bound to a live Ray node that can hold it (`placement`), and
+   one placement group per machine, its ranks as bundles (CPU, or GPU when there are
+   GPUs) strictly packed on that node: rank r runs where the plan put it;
 2. one `DAGWorkerActor` per rank; rank 0 names the rendezvous; every rank joins the
    world group and creates the plan's process groups; `init_graph` on all;
 3. per step, `run_step` on all ranks; the driver receives only metric summaries, merges
@@ -45,6 +47,14 @@ from dagrl_worker.actors import DAGWorkerActor
 from dagrl_worker.driver_args import parse_args
 from dagrl_worker.metrics import COMPUTE_SECONDS, merge
 from dagrl_worker.pipeline import Pipeline
+from dagrl_worker.placement import (
+    NODE_ID_LABEL,
+    MachineNeed,
+    PlacementError,
+    bind_machines,
+    live_offers,
+    machine_needs,
+)
 from dagrl_worker.rank_sides import rank_sides
 from dagrl_worker.run_lock import RunLock
 from dagrl_worker.spec import WorkerSpec
@@ -67,6 +77,7 @@ class JobOutcome:
     driver_bytes_per_step: list[int] = field(default_factory=list)
     # asynchronous training: (side, step, start, end) per side task, perf_counter seconds
     timeline: list[tuple[str, int, float, float]] = field(default_factory=list)
+    rank_nodes: list[str] = field(default_factory=list)  # the Ray node of each rank, by rank
 
 
 class Driver:
@@ -77,6 +88,7 @@ class Driver:
         self.store = store
         self.cancelled = False
         self.rendezvous = ""  # this attempt's torch.distributed init method (DAGWorkerActor)
+        self.machine_nodes: dict[str, str] = {}  # planned machine -> Ray node id, this attempt
         self.outcome = JobOutcome(JobState.RUNNING)
         self.latest: dict[str, float] = {}
         self.total_steps = 0  # the newest value of every metric, for the store
@@ -110,7 +122,11 @@ class Driver:
         restarts = 0
         while True:
             self.tracker.begin_attempt(restarts)
-            workers, group = self._start_workers()
+            try:
+                workers, group = self._start_workers()
+            except PlacementError as exc:
+                self.outcome.state, self.outcome.reason = JobState.FAILED, str(exc)
+                return self.outcome
             try:
                 self._train(workers, attempt=restarts)
                 self.outcome.state = JobState.SUCCEEDED
@@ -140,25 +156,42 @@ class Driver:
         self.cancelled = True
 
     # ------------------------------------------------------------------ workers
-    def _start_workers(self) -> tuple[list[Any], Any]:
-        world = self.plan.world_size
+    def _start_workers(self) -> tuple[list[Any], list[Any]]:
+        """One placement group per planned machine on the node bound to it, then the ranks;
+        PlacementError when the live cluster cannot hold the plan."""
         use_gpu = self.config.trainer.device == "cuda" or (
             self.config.trainer.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
+        plan = self.spec.plan_proto()
+        needs = machine_needs(plan)
+        binding = bind_machines(needs, live_offers(ray.nodes()), use_gpu)
         bundle = {"CPU": 1, "GPU": 1} if use_gpu else {"CPU": 1}
-        group = placement_group([dict(bundle) for _ in range(world)], strategy="PACK")
-        ray.get(group.ready(), timeout=300)
+        groups, slots = [], {}
+        for need in needs:
+            pin = {NODE_ID_LABEL: binding[need.name]}
+            group = placement_group([dict(bundle) for _ in need.ranks], strategy="STRICT_PACK",
+                                    bundle_label_selector=[dict(pin) for _ in need.ranks])
+            groups.append(group)
+            slots.update({rank: (group, index) for index, rank in enumerate(need.ranks)})
+        _wait_ready(groups, needs, self.config.trainer.placement_timeout_s)
+        self.machine_nodes = binding
+        local_ranks = {p.rank: p.local_rank for p in plan.placements}
         workers = [
             DAGWorkerActor.options(  # type: ignore[attr-defined]
                 num_cpus=1, num_gpus=1 if use_gpu else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    group, placement_group_bundle_index=rank),
-            ).remote(self.spec, rank)
-            for rank in range(world)
+                    slots[rank][0], placement_group_bundle_index=slots[rank][1]),
+            ).remote(self.spec, rank, local_ranks.get(rank, 0))
+            for rank in range(self.plan.world_size)
         ]
         self.actors = workers
-        return workers, group
+        return workers, groups
 
     def _train(self, workers: list[Any], attempt: int) -> None:
+        self.outcome.rank_nodes = ray.get([w.node_id.remote() for w in workers])
+        machine_of = {node: machine for machine, node in self.machine_nodes.items()}
+        log.info("ranks placed: %s", ", ".join(
+            f"{rank} on {machine_of.get(node, '?')} ({node[:12]})"
+            for rank, node in enumerate(self.outcome.rank_nodes)))
         init_method = ray.get(workers[0].rendezvous.remote())
         self.rendezvous = init_method  # a file one: removed once the attempt's workers stop
         ray.get([w.setup_distributed.remote(init_method) for w in workers])
@@ -238,13 +271,30 @@ class Driver:
             raise JobCancelled()
 
 
-def _stop_workers(workers: list[Any], group: Any) -> None:
+def _wait_ready(groups: list[Any], needs: list[MachineNeed], timeout_s: float) -> None:
+    """Every machine's placement group placed, or PlacementError naming those that are not
+    (their node's resources are held by something else), the groups removed."""
+    ready, _ = ray.wait([g.ready() for g in groups], num_returns=len(groups),
+                        timeout=timeout_s)
+    if len(ready) == len(groups):
+        return
+    waiting = [need.name for group, need in zip(groups, needs, strict=True)
+               if not group.wait(0)]
+    for group in groups:
+        remove_placement_group(group)
+    raise PlacementError(f"machine(s) {waiting} got no resources on their Ray node within "
+                         f"{timeout_s:g} s (trainer.placement_timeout_s): another job holds "
+                         "them; the cluster has the nodes, but not free")
+
+
+def _stop_workers(workers: list[Any], groups: list[Any]) -> None:
     """Flush what the ranks still hold of their traces (best effort), then stop them."""
     flushes = [w.flush_telemetry.remote() for w in workers]
     ray.wait(flushes, num_returns=len(flushes), timeout=15)
     for worker in workers:
         ray.kill(worker, no_restart=True)
-    remove_placement_group(group)
+    for group in groups:
+        remove_placement_group(group)
 
 
 def _is_worker_death(exc: RayTaskError) -> bool:

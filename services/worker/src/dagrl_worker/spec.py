@@ -34,7 +34,10 @@ class WorkerSpec:
             return parse_workflow(self.workflow_yaml, source=f"job {self.job_id} workflow")
         return load_workflow(self.job_config().workflow.source)
 
-    def plan_view(self) -> PlanView:
+    def plan_proto(self) -> scheduler_pb2.Plan:
         plan = scheduler_pb2.Plan()
         plan.ParseFromString(self.plan)
-        return PlanView(plan)
+        return plan
+
+    def plan_view(self) -> PlanView:
+        return PlanView(self.plan_proto())

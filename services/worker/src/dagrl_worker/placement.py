@@ -1,0 +1,173 @@
+"""Which live Ray node runs each machine of the plan: the plan, honoured.
+
+The scheduler plans ranks onto named machines (`RankPlacement.node_name`) that meet each
+subgraph's declared needs (device kind, device memory). Here each planned machine is bound
+to a distinct live Ray node that can hold it; the driver then asks Ray for one placement group
+per machine, strictly packed on that node (`driver._start_workers`). A plan the live cluster
+cannot satisfy fails here, before any worker starts, naming what is missing.
+
+A Ray node tells what it is through labels (`ray start --labels`, or `labels=` of a test
+cluster's node); all are optional:
+- `dagrl.io/machine`: the name of the planned machine it is (binds that machine to it only);
+- `dagrl.io/device-kind`: its device kind (`H100`, `cpu`, ...); GPU nodes also match by
+  Ray's own `accelerator_type:<kind>` resource;
+- `dagrl.io/device-memory-gib`: memory per device.
+A node without labels can hold any machine whose needs it does not contradict: enough CPUs
+(GPUs when the job runs on GPUs) for its ranks.
+
+Pure logic (no Ray): `live_offers` turns `ray.nodes()` into `NodeOffer`s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dagrl.errors import FailedPreconditionError
+from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
+
+LABEL_MACHINE = "dagrl.io/machine"
+LABEL_DEVICE_KIND = "dagrl.io/device-kind"
+LABEL_DEVICE_MEMORY = "dagrl.io/device-memory-gib"
+NODE_ID_LABEL = "ray.io/node-id"  # Ray's own label: a bundle selector on it pins a node
+
+
+class PlacementError(FailedPreconditionError):
+    """The live cluster cannot hold the plan (what is missing is in the message)."""
+
+
+@dataclass(frozen=True)
+class MachineNeed:
+    """One planned machine: its ranks (ascending) and what its subgraphs declared."""
+
+    name: str
+    ranks: tuple[int, ...]
+    device_kind: str = ""  # "" = any
+    min_device_memory_gib: float = 0.0
+
+    def describe(self, use_gpu: bool) -> str:
+        wants = [f"{len(self.ranks)} {'GPUs' if use_gpu else 'CPUs'}"]
+        if self.device_kind:
+            wants.append(f"device kind {self.device_kind}")
+        if self.min_device_memory_gib:
+            wants.append(f">= {self.min_device_memory_gib:g} GiB per device")
+        return f"machine {self.name!r} (ranks {list(self.ranks)}): {', '.join(wants)}"
+
+
+@dataclass(frozen=True)
+class NodeOffer:
+    """One live Ray node."""
+
+    node_id: str
+    cpus: float
+    gpus: float
+    labels: Mapping[str, str]
+    accelerator: str = ""  # Ray's accelerator_type, "" on CPU nodes
+
+    def holds(self, need: MachineNeed, use_gpu: bool) -> bool:
+        named = self.labels.get(LABEL_MACHINE)
+        if named is not None and named != need.name:
+            return False
+        slots = self.gpus if use_gpu else self.cpus
+        return (slots >= len(need.ranks) and self._is_kind(need.device_kind)
+                and self._has_memory(need.min_device_memory_gib))
+
+    def _is_kind(self, kind: str) -> bool:
+        if not kind:
+            return True
+        kinds = {self.labels.get(LABEL_DEVICE_KIND, ""), self.accelerator}
+        if kind.lower() == "cuda":
+            return self.gpus > 0
+        if kind.lower() == "cpu" and not self.labels.get(LABEL_DEVICE_KIND):
+            return self.gpus == 0
+        return kind.lower() in {k.lower() for k in kinds if k}
+
+    def _has_memory(self, gib: float) -> bool:
+        if gib <= 0:
+            return True
+        try:
+            return float(self.labels.get(LABEL_DEVICE_MEMORY, "0")) >= gib
+        except ValueError:
+            return False
+
+    def describe(self) -> str:
+        labels = ", ".join(f"{k}={v}" for k, v in sorted(self.labels.items())
+                           if k != NODE_ID_LABEL)
+        return (f"node {self.node_id[:12]} ({self.cpus:g} CPU, {self.gpus:g} GPU"
+                f"{', ' + labels if labels else ''})")
+
+
+def machine_needs(plan: scheduler_pb2.Plan) -> list[MachineNeed]:
+    """The plan's machines in node_rank order, each with its subgraphs' declared needs. A
+    plan without placements (made by hand, `plan_view.colocated_plan`) is one machine."""
+    if not plan.placements:
+        return [MachineNeed("local", tuple(range(plan.world_size)))]
+    subgraphs = {s.index: s for s in plan.subgraphs}
+    by_name: dict[str, list[scheduler_pb2.RankPlacement]] = {}
+    for placement in sorted(plan.placements, key=lambda p: (p.node_rank, p.rank)):
+        by_name.setdefault(placement.node_name, []).append(placement)
+    needs = []
+    for name, placements in by_name.items():
+        pieces = [subgraphs[p.subgraph_index] for p in placements
+                  if p.subgraph_index in subgraphs]
+        kinds = sorted({s.device_kind for s in pieces if s.device_kind})
+        if len(kinds) > 1:
+            raise PlacementError(f"the plan puts subgraphs needing {kinds} on machine "
+                                 f"{name!r}: a machine has one device kind")
+        needs.append(MachineNeed(
+            name, tuple(p.rank for p in placements), kinds[0] if kinds else "",
+            max((s.min_device_memory_gib for s in pieces), default=0.0)))
+    return needs
+
+
+def bind_machines(needs: list[MachineNeed], offers: list[NodeOffer],
+                  use_gpu: bool) -> dict[str, str]:
+    """Planned machine name -> Ray node id, each node used once (a maximum bipartite
+    matching, so a machine that only one node can hold gets it). PlacementError listing the
+    machines left without a node and the live nodes, when there is no complete binding."""
+    bound: dict[str, str] = {}  # node id -> machine name
+    by_name = {n.name: n for n in needs}
+
+    def assign(need: MachineNeed, seen: set[str]) -> bool:
+        for offer in offers:
+            if offer.node_id in seen or not offer.holds(need, use_gpu):
+                continue
+            seen.add(offer.node_id)
+            holder = bound.get(offer.node_id)
+            if holder is None or assign(by_name[holder], seen):
+                bound[offer.node_id] = need.name
+                return True
+        return False
+
+    missing = [need for need in needs if not assign(need, set())]
+    if missing:
+        raise PlacementError(_missing_message(missing, offers, use_gpu, len(needs)))
+    return {machine: node for node, machine in bound.items()}
+
+
+def _missing_message(missing: list[MachineNeed], offers: list[NodeOffer], use_gpu: bool,
+                     planned: int) -> str:
+    lines = [f"the live Ray cluster cannot hold the plan's {planned} machine(s); without a "
+             f"node: " + "; ".join(n.describe(use_gpu) for n in missing),
+             "live nodes: " + ("; ".join(o.describe() for o in offers) or "none")]
+    lines.append("add nodes with those resources (labels dagrl.io/device-kind, "
+                 "dagrl.io/device-memory-gib, dagrl.io/machine say what a node is), or plan "
+                 "for the cluster there is (trainer.nnodes, trainer.n_ranks_per_node, "
+                 "`dagrl submit --cluster`)")
+    return "\n".join(lines)
+
+
+def live_offers(nodes: Iterable[Mapping[str, Any]]) -> list[NodeOffer]:
+    """`ray.nodes()` -> the live nodes, in Ray's order."""
+    offers = []
+    for node in nodes:
+        if not node.get("Alive"):
+            continue
+        resources = node.get("Resources", {})
+        accelerator = next((k.removeprefix("accelerator_type:") for k in resources
+                            if k.startswith("accelerator_type:")), "")
+        offers.append(NodeOffer(str(node["NodeID"]), float(resources.get("CPU", 0)),
+                                float(resources.get("GPU", 0)),
+                                dict(node.get("Labels") or {}), accelerator))
+    return offers

@@ -1,0 +1,150 @@
+"""Jobs on Ray's multi-node test cluster (`ray.cluster_utils.Cluster`: one raylet per node,
+all on this host), run as a script: a process holds one Ray instance, and the test session's
+own is already up. `test_multinode.py` runs it and checks what it prints (JSON, last line).
+
+    python tests/e2e/multinode_job.py ASSETS REDIS_URL WORK_DIR
+
+The cluster: a head that runs no rank (0 CPUs) and two worker nodes of 1 CPU, labelled with
+distinct device kinds and no machine names. Three jobs run on it:
+- `spread`: GRPO planned on two 1-slot machines (the scheduler's `Cluster.homogeneous`), the
+  actor's data-parallel group spanning both nodes (gloo over TCP between raylets);
+- `kinds`: GRPO whose rollout side needs `kind-a` and training side `kind-b` (a
+  heterogeneous plan), rollout on its own machine;
+- `too_big`: a plan for three machines, which the cluster cannot hold: it must fail at start;
+- `submitted`: `dagrl submit --nodes 2 --devices-per-node 1 --watch` to a scheduler service
+  whose drivers join the cluster (`ray_address`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import ray
+from ray.cluster_utils import Cluster as RayTestCluster
+
+from dagrl.cli.main import main as cli_main
+from dagrl.workflow import load_workflow, parse_workflow
+from dagrl_scheduler.config import SchedulerConfig
+from dagrl_scheduler.planning import Cluster, ClusterNode, make_plan
+from dagrl_scheduler.server import SchedulerServer
+from dagrl_worker.driver import Driver
+from dagrl_worker.placement import LABEL_DEVICE_KIND
+from dagrl_worker.spec import WorkerSpec
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grpo_arith.yaml"
+
+
+def job_config(assets: Path, work: Path, split: bool) -> dict[str, Any]:
+    config = yaml.safe_load(EXAMPLE.read_text())
+    config["data"].update(train_files=[str(assets / "data" / "train.parquet")],
+                          val_files=[str(assets / "data" / "val.parquet")],
+                          train_batch_size=16)
+    config["actor_rollout_ref"]["model"]["path"] = str(assets / "model")
+    config["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] = 16
+    config["trainer"].update(total_training_steps=2, val_before_train=False, test_freq=-1,
+                             save_freq=-1, default_local_dir=str(work), nnodes=2,
+                             n_ranks_per_node=1, placement_timeout_s=20)
+    if split:
+        config["workflow"]["split_rollout"] = True
+    return config
+
+
+# the built-in GRPO with each side's device kind declared on its nodes
+KINDS_WORKFLOW = """\
+dag_id: grpo_kinds
+nodes:
+  - {node_id: rollout, node_type: MODEL_INFERENCE, node_role: ROLLOUT,
+     config: {device_kind: kind-a}}
+  - {node_id: reward, node_type: COMPUTE, node_role: REWARD, dependencies: [rollout],
+     config: {device_kind: kind-a}}
+  - {node_id: advantage, node_type: COMPUTE, node_role: ADVANTAGE, dependencies: [reward],
+     config: {adv_estimator: grpo, device_kind: kind-a}}
+  - {node_id: old_log_prob, node_type: MODEL_TRAIN, node_role: ACTOR,
+     only_forward_compute: true, dependencies: [advantage], config: {device_kind: kind-b}}
+  - {node_id: ref_log_prob, node_type: MODEL_TRAIN, node_role: REFERENCE,
+     dependencies: [old_log_prob], config: {device_kind: kind-b}}
+  - {node_id: actor_train, node_type: MODEL_TRAIN, node_role: ACTOR,
+     dependencies: [ref_log_prob], config: {device_kind: kind-b}}
+"""
+
+
+def run(name: str, config: dict[str, Any], workflow_yaml: str, cluster: Cluster,
+        redis_url: str, work: Path, split: bool) -> dict[str, Any]:
+    graph = parse_workflow(workflow_yaml) if workflow_yaml else load_workflow("grpo")
+    plan = make_plan(graph, cluster, split_rollout=split)
+    spec = WorkerSpec(job_id=f"multinode-{name}", config_yaml=yaml.safe_dump(config),
+                      workflow_yaml=workflow_yaml, overrides=(),
+                      plan=plan.to_proto().SerializeToString(), redis_url=redis_url,
+                      checkpoint_dir=str(work / name / "ckpt"))
+    started = time.monotonic()
+    driver = Driver(spec)
+    outcome = driver.run()
+    proto = plan.to_proto()
+    return {"state": outcome.state.name, "reason": outcome.reason,
+            "seconds": time.monotonic() - started,
+            "planned": {p.rank: p.node_name for p in proto.placements},
+            "subgraph_kinds": {p.rank: proto.subgraphs[p.subgraph_index].device_kind
+                               for p in proto.placements},
+            "binding": driver.machine_nodes, "rank_nodes": outcome.rank_nodes,
+            "pg_loss": [m["actor/pg_loss"] for m in outcome.history if "actor/pg_loss" in m]}
+
+
+def submit(config: dict[str, Any], redis_url: str, work: Path,
+           ray_address: str) -> dict[str, Any]:
+    """`dagrl submit --watch` to a scheduler service whose drivers join the cluster."""
+    config_file = work / "submitted.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    logs = work / "scheduler-logs"
+    server = SchedulerServer(SchedulerConfig(port=0, redis_url=redis_url, log_dir=str(logs),
+                                             ray_address=ray_address)).start()
+    try:
+        code = cli_main(["submit", str(config_file), "--nodes", "2", "--devices-per-node",
+                         "1", "--watch", "--scheduler", server.address])
+    finally:
+        server.stop()
+    placed = [line for log in logs.glob("*.log") for line in log.read_text().splitlines()
+              if "ranks placed" in line]
+    return {"exit_code": code, "placed": placed}
+
+
+def main(assets: Path, redis_url: str, work: Path) -> dict[str, Any]:
+    cluster = RayTestCluster(initialize_head=True,
+                             head_node_args={"num_cpus": 0, "include_dashboard": False})
+    for kind in ("kind-b", "kind-a"):  # Ray's node order is not the plan's
+        cluster.add_node(num_cpus=1, labels={LABEL_DEVICE_KIND: kind})
+    try:
+        ray.init(address=cluster.address, log_to_driver=False)
+        cluster.wait_for_nodes()
+        node_kinds = {n["NodeID"]: n.get("Labels", {}).get(LABEL_DEVICE_KIND, "")
+                      for n in ray.nodes() if n.get("Alive")}
+        plain = Cluster.homogeneous(2, 1)
+        kinds = Cluster((ClusterNode("m-a", 1, "kind-a"), ClusterNode("m-b", 1, "kind-b")))
+        results = {
+            "node_kinds": node_kinds,
+            "spread": run("spread", job_config(assets, work, False), "", plain, redis_url,
+                          work, False),
+            "kinds": run("kinds", job_config(assets, work, True), KINDS_WORKFLOW, kinds,
+                         redis_url, work, True),
+            "too_big": run("too_big", job_config(assets, work, False), "",
+                           Cluster.homogeneous(3, 1), redis_url, work, False),
+            "submitted": submit(job_config(assets, work / "submitted", False), redis_url,
+                                work, cluster.address),
+        }
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    return results
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]))))

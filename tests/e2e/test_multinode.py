@@ -1,0 +1,68 @@
+"""The plan, honoured on a multi-node Ray cluster (Ray's test cluster: several raylets on this
+host, `multinode_job.py`): every rank runs on the node bound to the machine the plan put it on,
+a data-parallel group spanning two nodes trains, a heterogeneous plan lands by device kind, and
+a plan the cluster cannot hold fails at start with what is missing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dagrl.local import LocalRedis
+
+pytestmark = pytest.mark.e2e
+SCRIPT = Path(__file__).with_name("multinode_job.py")
+
+
+@pytest.fixture(scope="module")
+def cluster_runs(assets: Path, redis_server: LocalRedis,
+                 tmp_path_factory: pytest.TempPathFactory) -> dict:
+    work = tmp_path_factory.mktemp("multinode")
+    done = subprocess.run([sys.executable, str(SCRIPT), str(assets), redis_server.url,
+                           str(work)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _ranks_on_bound_nodes(run: dict) -> None:
+    planned = {int(rank): machine for rank, machine in run["planned"].items()}
+    assert len(set(run["binding"].values())) == len(run["binding"]) == len(set(planned.values()))
+    for rank, machine in planned.items():
+        assert run["rank_nodes"][rank] == run["binding"][machine], (rank, machine)
+
+
+def test_ranks_run_where_the_plan_puts_them_and_a_group_spans_nodes(cluster_runs: dict) -> None:
+    run = cluster_runs["spread"]
+    assert run["state"] == "SUCCEEDED", run["reason"]
+    _ranks_on_bound_nodes(run)
+    assert len(set(run["rank_nodes"])) == 2  # one rank a node: the actor's dp group spans both
+    assert len(run["pg_loss"]) == 2
+
+
+def test_heterogeneous_plan_lands_by_device_kind(cluster_runs: dict) -> None:
+    run, kinds = cluster_runs["kinds"], cluster_runs["node_kinds"]
+    assert run["state"] == "SUCCEEDED", run["reason"]
+    _ranks_on_bound_nodes(run)
+    for rank, kind in run["subgraph_kinds"].items():
+        assert kind and kinds[run["rank_nodes"][int(rank)]] == kind, (rank, kind)
+
+
+def test_a_plan_the_cluster_cannot_hold_fails_at_start(cluster_runs: dict) -> None:
+    run = cluster_runs["too_big"]
+    assert run["state"] == "FAILED"
+    assert "cannot hold the plan's 3 machine(s)" in run["reason"]
+    assert "node-2" in run["reason"] and "live nodes" in run["reason"]
+    assert run["seconds"] < 30 and run["rank_nodes"] == []
+
+
+def test_dagrl_submit_through_the_scheduler_runs_on_the_cluster(cluster_runs: dict) -> None:
+    run = cluster_runs["submitted"]
+    assert run["exit_code"] == 0
+    [placed] = run["placed"]  # the driver's log: "ranks placed: 0 on node-0 (id), 1 on ..."
+    assert "0 on node-0" in placed and "1 on node-1" in placed
+    ids = [part.split("(")[1].rstrip("),") for part in placed.split(" on ")[1:]]
+    assert len(set(ids)) == 2, placed
