@@ -94,6 +94,8 @@ class JobRecord:
     driver_log: str = ""  # path of the driver's log file on driver_host
     # W3C trace context of the SubmitJob call: the driver's spans continue that trace
     trace_context: Mapping[str, str] = field(default_factory=dict)
+    # while RUNNING: why the job is not stepping (waiting for a lost node); "" when it is
+    waiting_reason: str = ""
 
     def to_hash(self) -> dict[str, bytes]:
         return {
@@ -110,6 +112,7 @@ class JobRecord:
             "driver_pid": str(self.driver_pid).encode(),
             "driver_host": self.driver_host.encode(), "driver_log": self.driver_log.encode(),
             "trace_context": json.dumps(dict(self.trace_context)).encode(),
+            "waiting_reason": self.waiting_reason.encode(),
         }
 
     @classmethod
@@ -131,6 +134,7 @@ class JobRecord:
             driver_host=text.get("driver_host", b"").decode(),
             driver_log=text.get("driver_log", b"").decode(),
             trace_context=json.loads(text.get("trace_context", b"{}")),
+            waiting_reason=text.get("waiting_reason", b"").decode(),
         )
 
 
@@ -227,6 +231,10 @@ class JobStore:
         update = {"step": step, "total_steps": total_steps,
                   "metrics": {k: float(v) for k, v in metrics.items()}}
         return self._update(job_id, update)
+
+    def set_waiting(self, job_id: str, reason: str) -> JobRecord:
+        """Why the running job is not stepping now; "" once it is again."""
+        return self._update(job_id, {"waiting_reason": reason})
 
     def request_cancel(self, job_id: str) -> JobRecord:
         return self._update(job_id, {"cancel_requested": True})

@@ -12,7 +12,12 @@ distinct device kinds and no machine names. Three jobs run on it:
   heterogeneous plan), rollout on its own machine;
 - `too_big`: a plan for three machines, which the cluster cannot hold: it must fail at start;
 - `submitted`: `dagrl submit --nodes 2 --devices-per-node 1 --watch` to a scheduler service
-  whose drivers join the cluster (`ray_address`).
+  whose drivers join the cluster (`ray_address`);
+- `node_lost`: the `spread` job with a checkpoint every step; after the first one the node of
+  rank 1 is removed, and a node like it joins 4 s later: the job must wait, say so in the job
+  store (`waiting_reason`), re-place and finish from the checkpoint;
+- `node_gone`: the same loss with no node joining: the job fails after
+  `trainer.node_wait_timeout_s` with the reason.
 """
 
 from __future__ import annotations
@@ -20,10 +25,12 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import redis
 import yaml
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -33,6 +40,7 @@ import ray
 from ray.cluster_utils import Cluster as RayTestCluster
 
 from dagrl.cli.main import main as cli_main
+from dagrl.jobs import JobRecord, JobState, JobStore
 from dagrl.workflow import load_workflow, parse_workflow
 from dagrl_scheduler.config import SchedulerConfig
 from dagrl_scheduler.planning import Cluster, ClusterNode, make_plan
@@ -117,9 +125,55 @@ def submit(config: dict[str, Any], redis_url: str, work: Path,
     return {"exit_code": code, "placed": placed}
 
 
+def lose_a_node(name: str, config: dict[str, Any], cluster: RayTestCluster, redis_url: str,
+                work: Path, rejoin_after_s: float | None, wait_s: float) -> dict[str, Any]:
+    """The `spread` job; once its first checkpoint is written, the node of rank 1 is removed
+    (and, with `rejoin_after_s`, a node with its labels added that much later). The driver
+    runs in a thread: Ray adds nodes only from the main thread."""
+    config["trainer"].update(total_training_steps=4, save_freq=1, node_wait_timeout_s=wait_s)
+    plan = make_plan(load_workflow("grpo"), Cluster.homogeneous(2, 1)).to_proto()
+    job_id = f"multinode-{name}"
+    store = JobStore(redis.Redis.from_url(redis_url))
+    store.create(JobRecord(job_id=job_id, name=name, state=JobState.RUNNING))
+    spec = WorkerSpec(job_id=job_id, config_yaml=yaml.safe_dump(config), workflow_yaml="",
+                      overrides=(), plan=plan.SerializeToString(), redis_url=redis_url,
+                      checkpoint_dir=str(work / name / "ckpt"))
+    driver = Driver(spec, store)
+    outcomes: list[Any] = []
+    thread = threading.Thread(target=lambda: outcomes.append(driver.run()), daemon=True)
+    thread.start()
+    root, deadline = work / name / "ckpt", time.monotonic() + 300
+    while time.monotonic() < deadline and not list(root.glob("global_step_*")):
+        time.sleep(0.2)
+    victim_id = driver.outcome.rank_nodes[1]
+    kind = _node_labels(victim_id).get(LABEL_DEVICE_KIND, "")
+    cluster.remove_node(next(n for n in cluster.worker_nodes if n.node_id == victim_id),
+                        allow_graceful=False)
+    removed_at, waiting, rejoined = time.monotonic(), "", False
+    while thread.is_alive() and time.monotonic() < deadline:
+        waiting = waiting or store.get(job_id).waiting_reason
+        if (rejoin_after_s is not None and not rejoined and waiting
+                and time.monotonic() - removed_at >= rejoin_after_s):
+            cluster.add_node(num_cpus=1, labels={LABEL_DEVICE_KIND: kind})
+            rejoined = True
+        time.sleep(0.2)
+    thread.join(timeout=60)
+    outcome = outcomes[0]
+    return {"state": outcome.state.name, "reason": outcome.reason, "restarts": outcome.restarts,
+            "last_step": outcome.last_step, "waiting_seen": waiting, "removed": victim_id,
+            "rank_nodes": outcome.rank_nodes, "waiting_after": store.get(job_id).waiting_reason}
+
+
+def _node_labels(node_id: str) -> dict[str, str]:
+    return next(dict(n.get("Labels") or {}) for n in ray.nodes() if n["NodeID"] == node_id)
+
+
 def main(assets: Path, redis_url: str, work: Path) -> dict[str, Any]:
-    cluster = RayTestCluster(initialize_head=True,
-                             head_node_args={"num_cpus": 0, "include_dashboard": False})
+    # a lost node is declared dead within ~2 s (Ray's default is ~15 s)
+    health = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500,
+              "health_check_failure_threshold": 4}
+    cluster = RayTestCluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "include_dashboard": False, "_system_config": health})
     for kind in ("kind-b", "kind-a"):  # Ray's node order is not the plan's
         cluster.add_node(num_cpus=1, labels={LABEL_DEVICE_KIND: kind})
     try:
@@ -139,6 +193,10 @@ def main(assets: Path, redis_url: str, work: Path) -> dict[str, Any]:
                            Cluster.homogeneous(3, 1), redis_url, work, False),
             "submitted": submit(job_config(assets, work / "submitted", False), redis_url,
                                 work, cluster.address),
+            "node_lost": lose_a_node("node_lost", job_config(assets, work, False), cluster,
+                                     redis_url, work, rejoin_after_s=4.0, wait_s=30),
+            "node_gone": lose_a_node("node_gone", job_config(assets, work, False), cluster,
+                                     redis_url, work, rejoin_after_s=None, wait_s=8),
         }
     finally:
         ray.shutdown()

@@ -1,7 +1,9 @@
 """The plan, honoured on a multi-node Ray cluster (Ray's test cluster: several raylets on this
 host, `multinode_job.py`): every rank runs on the node bound to the machine the plan put it on,
 a data-parallel group spanning two nodes trains, a heterogeneous plan lands by device kind, and
-a plan the cluster cannot hold fails at start with what is missing."""
+a plan the cluster cannot hold fails at start with what is missing, and a lost node is waited
+for (the job store says so), re-placed and resumed from the checkpoint, or reported after the
+wait."""
 
 from __future__ import annotations
 
@@ -66,3 +68,20 @@ def test_dagrl_submit_through_the_scheduler_runs_on_the_cluster(cluster_runs: di
     assert "0 on node-0" in placed and "1 on node-1" in placed
     ids = [part.split("(")[1].rstrip("),") for part in placed.split(" on ")[1:]]
     assert len(set(ids)) == 2, placed
+
+
+def test_a_lost_node_is_waited_for_and_the_job_resumes_when_one_joins(cluster_runs: dict) -> None:
+    run = cluster_runs["node_lost"]
+    assert run["state"] == "SUCCEEDED", run["reason"]
+    assert run["restarts"] == 1 and run["last_step"] == 4
+    assert run["waiting_seen"].startswith("a rank was lost; waiting until")  # dagrl status
+    assert "machine 'node-1'" in run["waiting_seen"]
+    assert run["removed"] not in run["rank_nodes"]  # rank 1 re-placed on the node that joined
+    assert run["waiting_after"] == ""
+
+
+def test_a_lost_node_that_never_returns_fails_the_job_after_the_wait(cluster_runs: dict) -> None:
+    run = cluster_runs["node_gone"]
+    assert run["state"] == "FAILED"
+    assert run["reason"].startswith("waited 8 s (trainer.node_wait_timeout_s)")
+    assert "machine 'node-1'" in run["reason"] and run["waiting_seen"]

@@ -56,6 +56,8 @@ def format_job(job: scheduler_pb2.Job) -> str:
                      "subgraph(s)")
     if job.driver_log:
         lines.append(f"log       {job.driver_log} (on the scheduler's machine)")
+    if job.waiting_reason:
+        lines.append(f"waiting   {job.waiting_reason}")
     if job.failure_reason:
         lines.append(f"reason    {job.failure_reason}")
     return "\n".join(lines)

@@ -361,6 +361,9 @@ class TrainerConfig:
     max_restarts: int = option(3, "restarts from the last checkpoint after a worker dies")
     placement_timeout_s: float = option(
         300.0, "how long the plan's machines may wait for their Ray nodes' resources")
+    node_wait_timeout_s: float = option(
+        600.0, "after a worker death, how long to wait for the cluster to hold the plan again "
+        "(a lost node rejoining) before the job fails")
     balance_batch: bool = option(True, "reshard training inputs by token count across dp ranks")
     logger: tuple[str, ...] = option(("console",), "console, jsonl, tensorboard, wandb, mlflow")
     max_staleness: int | None = option(

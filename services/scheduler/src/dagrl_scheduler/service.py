@@ -97,7 +97,7 @@ def job_to_proto(record: JobRecord, *, with_plan: bool = False) -> scheduler_pb2
         progress=common_pb2.StepProgress(step=record.step, total_steps=record.total_steps,
                                          metrics=dict(record.metrics)),
         created_unix_ms=record.created_unix_ms, updated_unix_ms=record.updated_unix_ms,
-        driver_log=record.driver_log,
+        driver_log=record.driver_log, waiting_reason=record.waiting_reason,
     )
     if with_plan and record.plan:
         job.plan.ParseFromString(record.plan)

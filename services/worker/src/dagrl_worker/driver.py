@@ -78,6 +78,7 @@ class JobOutcome:
     # asynchronous training: (side, step, start, end) per side task, perf_counter seconds
     timeline: list[tuple[str, int, float, float]] = field(default_factory=list)
     rank_nodes: list[str] = field(default_factory=list)  # the Ray node of each rank, by rank
+    waiting_reason: str = ""  # why the job is not stepping now ("" when it is)
 
 
 class Driver:
@@ -123,9 +124,13 @@ class Driver:
         while True:
             self.tracker.begin_attempt(restarts)
             try:
-                workers, group = self._start_workers()
+                workers, group = (self._start_workers() if restarts == 0
+                                  else self._start_workers_when_placeable())
             except PlacementError as exc:
                 self.outcome.state, self.outcome.reason = JobState.FAILED, str(exc)
+                return self.outcome
+            except JobCancelled:
+                self.outcome.state, self.outcome.reason = JobState.CANCELLED, "cancelled"
                 return self.outcome
             try:
                 self._train(workers, attempt=restarts)
@@ -135,7 +140,8 @@ class Driver:
                 self.outcome.state, self.outcome.reason = JobState.CANCELLED, "cancelled"
                 return self.outcome
             except (RayActorError, RayTaskError) as exc:
-                if isinstance(exc, RayTaskError) and not _is_worker_death(exc):
+                if isinstance(exc, RayTaskError) and not _is_worker_death(exc) \
+                        and not _a_rank_is_gone(workers, self.outcome.rank_nodes):
                     self.outcome.state = JobState.FAILED
                     self.outcome.reason = f"a worker raised: {_short(exc)}"
                     return self.outcome
@@ -156,7 +162,41 @@ class Driver:
         self.cancelled = True
 
     # ------------------------------------------------------------------ workers
-    def _start_workers(self) -> tuple[list[Any], list[Any]]:
+    def _start_workers_when_placeable(self) -> tuple[list[Any], list[Any]]:
+        """After a worker death: the ranks started again once the live cluster holds the plan
+        (a lost node rejoined, or another took its place), waiting up to
+        `trainer.node_wait_timeout_s`; the job's `waiting_reason` says why meanwhile.
+        PlacementError with the last reason after the timeout."""
+        timeout = self.config.trainer.node_wait_timeout_s
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                placed = self._start_workers(ready_timeout_s=max(1.0, min(left, 10.0)))
+                self._set_waiting("")
+                return placed
+            except PlacementError as exc:
+                if left <= 0:
+                    self._set_waiting("")
+                    raise PlacementError(f"waited {timeout:g} s (trainer.node_wait_timeout_s) "
+                                         f"for the cluster to hold the plan again: {exc}") \
+                        from exc
+                until = time.strftime("%H:%M:%S", time.localtime(time.time() + left))
+                self._set_waiting(f"a rank was lost; waiting until {until} (at most {timeout:g} s) "
+                                  f"for the cluster to hold the plan: {str(exc).splitlines()[0]}")
+            self.check_cancel()
+            time.sleep(min(1.0, max(left, 0.0)))
+
+    def _set_waiting(self, reason: str) -> None:
+        if reason != self.outcome.waiting_reason:
+            self.outcome.waiting_reason = reason
+            if reason:
+                log.warning("%s", reason)
+            if self.store is not None:
+                self.store.set_waiting(self.spec.job_id, reason)
+
+    def _start_workers(self, ready_timeout_s: float | None = None
+                       ) -> tuple[list[Any], list[Any]]:
         """One placement group per planned machine on the node bound to it, then the ranks;
         PlacementError when the live cluster cannot hold the plan."""
         use_gpu = self.config.trainer.device == "cuda" or (
@@ -172,7 +212,7 @@ class Driver:
                                     bundle_label_selector=[dict(pin) for _ in need.ranks])
             groups.append(group)
             slots.update({rank: (group, index) for index, rank in enumerate(need.ranks)})
-        _wait_ready(groups, needs, self.config.trainer.placement_timeout_s)
+        _wait_ready(groups, needs, ready_timeout_s or self.config.trainer.placement_timeout_s)
         self.machine_nodes = binding
         local_ranks = {p.rank: p.local_rank for p in plan.placements}
         workers = [
@@ -295,6 +335,27 @@ def _stop_workers(workers: list[Any], groups: list[Any]) -> None:
         ray.kill(worker, no_restart=True)
     for group in groups:
         remove_placement_group(group)
+
+
+def _a_rank_is_gone(workers: list[Any], rank_nodes: list[str], timeout_s: float = 20.0) -> bool:
+    """Whether a rank's process is dead or its node lost. A task error on one rank may be
+    the echo of another's death (gloo's "connection closed by peer" when a node goes), to be
+    handled as the death it is. Ranks still busy (stuck in a collective with the rank that
+    raised) are given `timeout_s` for Ray to declare a node dead; then it was a real error."""
+    pending = [w.node_id.remote() for w in workers]
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+        try:
+            ray.get(ready)
+        except RayActorError:
+            return True
+        alive = {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
+        if any(node not in alive for node in rank_nodes):
+            return True
+        if time.monotonic() > deadline:
+            return False
+    return False
 
 
 def _is_worker_death(exc: RayTaskError) -> bool:

@@ -372,6 +372,7 @@ class Job(_message.Message):
     CREATED_UNIX_MS_FIELD_NUMBER: _builtins.int
     UPDATED_UNIX_MS_FIELD_NUMBER: _builtins.int
     DRIVER_LOG_FIELD_NUMBER: _builtins.int
+    WAITING_REASON_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     name: _builtins.str
     state: _common_pb2.JobState.ValueType
@@ -380,6 +381,10 @@ class Job(_message.Message):
     updated_unix_ms: _builtins.int
     driver_log: _builtins.str
     """path of the driver's log file on the scheduler's machine"""
+    waiting_reason: _builtins.str
+    """While RUNNING: why the job is not stepping now (e.g. waiting for a lost node to come
+    back); empty when it is.
+    """
     @_builtins.property
     def progress(self) -> _common_pb2.StepProgress: ...
     @_builtins.property
@@ -396,10 +401,11 @@ class Job(_message.Message):
         created_unix_ms: _builtins.int = ...,
         updated_unix_ms: _builtins.int = ...,
         driver_log: _builtins.str = ...,
+        waiting_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan", "progress", b"progress"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_unix_ms", b"created_unix_ms", "driver_log", b"driver_log", "failure_reason", b"failure_reason", "job_id", b"job_id", "name", b"name", "plan", b"plan", "progress", b"progress", "state", b"state", "updated_unix_ms", b"updated_unix_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_unix_ms", b"created_unix_ms", "driver_log", b"driver_log", "failure_reason", b"failure_reason", "job_id", b"job_id", "name", b"name", "plan", b"plan", "progress", b"progress", "state", b"state", "updated_unix_ms", b"updated_unix_ms", "waiting_reason", b"waiting_reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
