@@ -19,7 +19,9 @@ from dagrl.workflow.model_use import MODEL_USE
 # The node that adds each field the built-in executors read.
 PRODUCED_BY = {
     "responses": "a ROLLOUT node (MODEL_INFERENCE)",
-    "token_level_scores": "a REWARD node",
+    "token_level_scores": "a COMPUTE REWARD node",
+    "rm_scores": "a reward-model node (MODEL_INFERENCE + REWARD)",
+    "judge_scores": "a judge node (MODEL_INFERENCE + REWARD with config.judge_template)",
     "advantages": "an ADVANTAGE node",
     "old_log_probs": "an ACTOR node (MODEL_TRAIN) with only_forward_compute: true",
     "ref_log_probs": "a REFERENCE node",
@@ -39,7 +41,8 @@ def job_problems(config: JobConfig, graph: TaskGraph) -> list[str]:
     node_problems = _node_config_problems(graph)
     if node_problems:  # the other rules read the nodes' configs
         return node_problems
-    return [*_checkpoint_problems(config, graph), *_old_log_prob_problems(config, graph)]
+    return [*_checkpoint_problems(config, graph), *_old_log_prob_problems(config, graph),
+            *_model_reward_problems(graph)]
 
 
 def model_path(graph: TaskGraph, agent_group: int, role: NodeRole, config: JobConfig) -> str:
@@ -124,3 +127,31 @@ def _is_actor_update(node: Node) -> bool:
 def _is_actor_forward(node: Node) -> bool:
     return (node.node_role == NodeRole.ACTOR and node.node_type == NodeType.MODEL_TRAIN
             and node.only_forward_compute)
+
+
+def reward_model_path_problem(node_id: str) -> str:
+    return (f"node {node_id!r} (MODEL_INFERENCE + REWARD) is a reward model without a "
+            "checkpoint: set its config.model_path to a sequence-classification checkpoint "
+            "(`python -m dagrl.models.reward_model outputs/arith` builds the demo's), or set "
+            "config.judge_template to make it an LLM judge")
+
+
+def _model_reward_problems(graph: TaskGraph) -> list[str]:
+    """A reward model needs its checkpoint; a reward-model or judge node adds a score column
+    (rm_scores, judge_scores) that only a COMPUTE REWARD node after it turns into rewards."""
+    problems: list[str] = []
+    for node in graph.nodes:
+        if node.node_type != NodeType.MODEL_INFERENCE or node.node_role != NodeRole.REWARD:
+            continue
+        options = node_config(node.node_id, node.config)
+        if options.judge_template is None and not options.model_path:
+            problems.append(reward_model_path_problem(node.node_id))
+        if not any(graph[d].node_type == NodeType.COMPUTE and graph[d].node_role == NodeRole.REWARD
+                   for d in graph.descendants(node.node_id)):
+            what = "judge_scores" if options.judge_template is not None else "rm_scores"
+            problems.append(
+                f"node {node.node_id!r} (MODEL_INFERENCE + REWARD) adds {what}, but no COMPUTE "
+                "REWARD node after it turns them into rewards: add one that depends on it, "
+                "e.g. {node_id: reward, node_type: COMPUTE, node_role: REWARD, dependencies: "
+                f"[{node.node_id}]}}, with reward.sources naming it")
+    return problems

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from dagrl.workflow import Node, NodeType, TaskGraph, load_workflow, to_dot, to_mermaid
+from pathlib import Path
+
+import pytest
+
+from dagrl.workflow import Node, NodeRole, NodeType, TaskGraph, load_workflow, to_dot, to_mermaid
 
 
 def test_mermaid_for_grpo() -> None:
@@ -54,3 +58,20 @@ def test_dot_for_ppo() -> None:
     assert '    "advantage" -> "actor_train";' in lines
     assert '    "advantage" -> "critic_train";' in lines
     assert sum("->" in line for line in lines) == len(load_workflow("ppo").edges())
+
+
+def test_reward_model_and_judge_nodes_say_which_model_scores(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from dagrl.cli.main import main
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "grpo_arith_rm_workflow.yaml"
+    graph = load_workflow(str(path))
+    assert '    reward_model["reward_model<br/>REWARD (reward model)"]' in to_mermaid(graph)
+    judge = Node("judge", NodeType.MODEL_INFERENCE, NodeRole.REWARD, ("rollout",),
+                 config={"judge_template": "{prompt} {response}"})
+    flow = TaskGraph("j", [Node("rollout", NodeType.MODEL_INFERENCE, NodeRole.ROLLOUT), judge])
+    assert '    "judge" [label="judge\\nREWARD (judge)"];' in to_dot(flow).splitlines()
+    assert main(["workflow", str(path)]) == 0
+    listed = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert "MODEL_INFERENCE  REWARD (reward model)" in listed["reward_model"]
+    assert listed["reward_model"].endswith("<- rollout")

@@ -7,6 +7,7 @@ from typing import Any
 
 from dagrl.envs import check_agent_nodes
 from dagrl.workflow import list_builtin_workflows, load_workflow, to_dot, to_mermaid
+from dagrl.workflow.render import node_kind
 
 
 def add_parser(subparsers: Any) -> None:
@@ -35,5 +36,5 @@ def run(args: argparse.Namespace) -> int:
         for node_id in graph.topological_order():
             node = graph[node_id]
             deps = ", ".join(node.dependencies) or "-"
-            print(f"{node_id:<20} {node.node_type.name:<16} {node.node_role.name:<16} <- {deps}")
+            print(f"{node_id:<20} {node.node_type.name:<16} {node_kind(node):<24} <- {deps}")
     return 0

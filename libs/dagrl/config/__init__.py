@@ -13,7 +13,6 @@ from dagrl.config.job import (
     ModelConfig,
     OptimConfig,
     RefConfig,
-    RewardConfig,
     RolloutConfig,
     RolloutCorrectionConfig,
     SamplingConfig,
@@ -28,6 +27,7 @@ from dagrl.config.loading import (
     read_yaml_mapping,
 )
 from dagrl.config.node import NodeConfig, node_config
+from dagrl.config.reward import OverlongBufferConfig, RemoteRewardConfig, RewardConfig
 from dagrl.config.typed import build, field_doc, nested, option, to_dict
 
 __all__ = [
@@ -43,7 +43,9 @@ __all__ = [
     "ModelConfig",
     "NodeConfig",
     "OptimConfig",
+    "OverlongBufferConfig",
     "RefConfig",
+    "RemoteRewardConfig",
     "RewardConfig",
     "RolloutConfig",
     "RolloutCorrectionConfig",

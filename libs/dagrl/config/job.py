@@ -15,9 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from dagrl.config.reward import RewardConfig, reward_length_problems
 from dagrl.config.typed import nested, option
-from dagrl.errors import RefResolutionError
-from dagrl.refs import parse_ref
 
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 # How a multi-agent workflow's agents share ranks (single-agent workflows ignore it):
@@ -291,30 +290,6 @@ class AlgorithmConfig:
 
 
 @dataclass(frozen=True)
-class RewardConfig:
-    reward_fn: str | None = option(
-        None, "`module:function` or `path/to/file.py:function` scorer; None scores by "
-        "data_source")
-
-    def check(self) -> list[str]:
-        problem = reward_fn_problem(self.reward_fn)
-        return [problem] if problem else []
-
-
-def reward_fn_problem(ref: str | None) -> str | None:
-    """Why `ref` cannot name a reward function, or None. By form only: nothing is imported (a
-    service checking a request must not run the code it names)."""
-    if ref is None:
-        return None
-    try:
-        parse_ref(ref)
-    except RefResolutionError as exc:
-        return (f"reward_fn {ref!r} is not 'module:function' or 'path/to/file.py:function' "
-                f"({exc}); leave it unset (null) to score by data_source")
-    return None
-
-
-@dataclass(frozen=True)
 class DataConfig:
     train_files: tuple[str, ...] = option((), "parquet files with prompt/ground_truth columns")
     val_files: tuple[str, ...] = option((), "validation parquet files")
@@ -448,6 +423,7 @@ class JobConfig:
                 f"({actor.ppo_micro_batch_size_per_rank})"
             )
         problems.extend(self._async_problems())
+        problems.extend(reward_length_problems(self.reward, self.data.max_response_length))
         if self.algorithm.adv_estimator in ("grpo", "drgrpo", "rloo") and n < 2:
             problems.append(
                 f"algorithm.adv_estimator {self.algorithm.adv_estimator} compares samples "

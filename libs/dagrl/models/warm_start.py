@@ -51,13 +51,19 @@ def supervised_warm_start(
     for _ in range(steps):
         input_ids, labels, attention_mask = _collate([sequences[i] for i in next(batches)], pad_id)
         loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
-        optimizer.step()
-        losses.append(loss.item())
+        losses.append(optimizer_step(model, optimizer, loss))
     model.eval()
     return losses
+
+
+def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                   loss: torch.Tensor) -> float:
+    """Backward, clip to MAX_GRAD_NORM, step; returns the loss (supervised warm-up loops)."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+    optimizer.step()
+    return float(loss.item())
 
 
 def _encode_example(

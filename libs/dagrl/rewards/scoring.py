@@ -1,9 +1,10 @@
 """Rule-based rewards: is a response's answer correct, and the verl-style `compute_score` entry.
 
 Owns the correctness rules (numeric equality within a relative tolerance, exact string match,
-MATH-style boxed answers) and the table `SCORERS` that maps a record's `data_source` to one of
-them. Finding the answer inside the text is `dagrl.rewards.extraction`'s job. A reward is 1.0 for
-a correct answer and 0.0 otherwise; there is no format bonus.
+MATH-style boxed answers, math-verify for the data sources that ask for it) and the table
+`SCORERS` that maps a record's `data_source` to one of them. Finding the answer inside the text
+is `dagrl.rewards.extraction`'s job. A reward is 1.0 for a correct answer and 0.0 otherwise;
+there is no format bonus.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from fractions import Fraction
+from types import MappingProxyType
 from typing import Any
 
 from dagrl.errors import RewardError
 from dagrl.rewards.extraction import extract_answer, extract_boxed, parse_number
+from dagrl.rewards.math_checker import MathVerifier
 
 Scorer = Callable[[str, str], float]
 
@@ -76,16 +79,33 @@ def score_math(solution_str: str, ground_truth: str) -> float:
     return 1.0 if _normalize_latex(answer) == _normalize_latex(expected) else 0.0
 
 
-SCORERS: Mapping[str, Scorer] = {
-    "arith": score_numeric,
-    "gsm8k": score_numeric,
-    "openai/gsm8k": score_numeric,
-    "math": score_math,
-    "lighteval/MATH": score_math,
-    "exact_match": score_exact,
-    "copy": score_exact,
-    "reverse": score_exact,
-}
+# Data sources math-verify scores (`dagrl.rewards.math_checker`): symbolic equivalence, for
+# MATH-style answers the rules above do not normalise. `reward.reward_fn: math_verify` uses it
+# for every data source.
+MATH_VERIFY_SOURCES = ("math_verify", "HuggingFaceH4/MATH-500",
+                       "DigitalLearningGmbH/MATH-lighteval")
+
+
+def rule_scorers(verifier: MathVerifier) -> Mapping[str, Scorer]:
+    """The table of rules by `data_source`, math-verify's checked by `verifier`."""
+    table: dict[str, Scorer] = {
+        "arith": score_numeric,
+        "gsm8k": score_numeric,
+        "openai/gsm8k": score_numeric,
+        "math": score_math,
+        "lighteval/MATH": score_math,
+        "exact_match": score_exact,
+        "copy": score_exact,
+        "reverse": score_exact,
+    }
+    table.update(dict.fromkeys(MATH_VERIFY_SOURCES, verifier.score))
+    return MappingProxyType(table)
+
+
+# A process-wide verifier with the default per-check timeout; its child process starts on the
+# first math-verify check. A reward node builds its own table with the job's timeout.
+DEFAULT_VERIFIER = MathVerifier()
+SCORERS = rule_scorers(DEFAULT_VERIFIER)
 
 
 def compute_score(
@@ -93,16 +113,19 @@ def compute_score(
     solution_str: str,
     ground_truth: str,
     extra_info: dict[str, Any] | None = None,
+    *,
+    scorers: Mapping[str, Scorer] = SCORERS,
 ) -> float:
-    """verl-compatible reward: score one decoded response by the rule of its `data_source`.
+    """verl-compatible reward: score one decoded response by the rule of its `data_source`
+    (looked up in `scorers`, the built-in table unless given).
 
     `extra_info` is accepted for signature compatibility and not used by the built-in rules.
     """
-    scorer = SCORERS.get(data_source)
+    scorer = scorers.get(data_source)
     if scorer is None:
         raise RewardError(
             f"unknown data_source {data_source!r}: no reward rule for it. Known data sources: "
-            f"{sorted(SCORERS)}. Set the dataset's data_source column to one of them, or "
+            f"{sorted(scorers)}. Set the dataset's data_source column to one of them, or "
             "configure a custom reward function for this dataset."
         )
     if not isinstance(ground_truth, str):

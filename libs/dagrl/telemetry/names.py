@@ -36,11 +36,13 @@ SPAN_WEIGHT_SYNC: Final = "weight_sync"
 SPAN_CHECKPOINT_SAVE: Final = "checkpoint.save"
 SPAN_REWARD_SCORE: Final = "reward.score"
 SPAN_LOG_PROB: Final = "log_prob.forward"
+SPAN_REWARD_MODEL_FORWARD: Final = "reward_model.forward"  # a reward-model node's scoring
+SPAN_JUDGE_GENERATE: Final = "judge.generate"  # an LLM judge node's verdicts
 
 PHASE_SPANS: Final = frozenset({
     SPAN_DATABUFFER_GET, SPAN_DATABUFFER_PUT, SPAN_ROLLOUT_GENERATE, SPAN_ACTOR_FORWARD_BACKWARD,
     SPAN_CRITIC_FORWARD_BACKWARD, SPAN_OPTIMIZER_STEP, SPAN_WEIGHT_SYNC, SPAN_CHECKPOINT_SAVE,
-    SPAN_REWARD_SCORE, SPAN_LOG_PROB,
+    SPAN_REWARD_SCORE, SPAN_LOG_PROB, SPAN_REWARD_MODEL_FORWARD, SPAN_JUDGE_GENERATE,
 })
 
 
@@ -90,6 +92,18 @@ KEY_ADVANTAGES_MEAN: Final = "critic/advantages/mean"  # token mean
 KEY_RETURNS_MEAN: Final = "critic/returns/mean"  # token mean
 KEY_REWARD_KL_PENALTY: Final = "actor/reward_kl_penalty"  # mean KL folded into the reward
 KEY_REWARD_KL_PENALTY_COEFF: Final = "actor/reward_kl_penalty_coeff"
+# the COMPUTE REWARD node: each source's mean score before weighting (`reward_source_key`),
+# DAPO's overlong penalty, and math-verify checks that ran out of time
+KEY_REWARD_SOURCE_PREFIX: Final = "reward/"  # + source + "/mean": rule, remote, rm, judge
+KEY_REWARD_OVERLONG_PENALTY_MEAN: Final = "reward/overlong_penalty/mean"  # <= 0, per sample
+KEY_REWARD_OVERLONG_RATIO: Final = "reward/overlong_ratio"  # share of samples penalised
+KEY_REWARD_MATH_VERIFY_TIMEOUTS: Final = "reward/math_verify_timeouts"  # checks scored 0 (sum)
+# model reward nodes (MODEL_INFERENCE + REWARD): what they add, before any combining
+KEY_REWARD_MODEL_SCORE_MEAN: Final = "reward_model/score/mean"  # rm_scores, mean over samples
+KEY_JUDGE_SCORE_MEAN: Final = "judge/score/mean"  # judge_scores (defaults included)
+KEY_JUDGE_UNPARSEABLE: Final = "judge/unparseable"  # verdicts the parser could not read
+KEY_JUDGE_UNPARSEABLE_RATIO: Final = "judge/unparseable_ratio"  # their share of the samples
+KEY_JUDGE_VERDICT_LENGTH_MEAN: Final = "judge/verdict_length/mean"  # tokens per verdict
 # DAPO dynamic sampling
 KEY_DYNAMIC_SAMPLING_FILTERED_GROUPS: Final = "dynamic_sampling/filtered_groups"  # dropped
 KEY_DYNAMIC_SAMPLING_KEPT_GROUPS: Final = "dynamic_sampling/kept_groups"
@@ -150,6 +164,11 @@ STEP_METRIC_REWARD_MEAN: Final = KEY_SCORE_MEAN
 def node_timing_key(node_id: str) -> str:
     """`timing_s/<node_id>`: the seconds one node took this step (max over ranks)."""
     return f"{KEY_TIMING_PREFIX}{node_id}"
+
+
+def reward_source_key(source: str) -> str:
+    """`reward/<source>/mean`: one reward source's mean score (before its weight) this step."""
+    return f"{KEY_REWARD_SOURCE_PREFIX}{source}/mean"
 
 
 def agent_prefix(agent_group: int) -> str:

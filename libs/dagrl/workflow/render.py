@@ -1,14 +1,16 @@
 """Text renderings of a TaskGraph: Mermaid (for Markdown and the dashboard) and Graphviz DOT.
 
 Pure string building, no drawing library. Each node is labelled with its id and role (its type
-when the role is DEFAULT), plus its agent group when the graph has more than one.
+when the role is DEFAULT; `node_kind`), plus its agent group when the graph has more than one.
+A MODEL_INFERENCE + REWARD node says which model scores: `REWARD (reward model)`, or
+`REWARD (judge)` when its config sets `judge_template`.
 """
 
 from __future__ import annotations
 
 import re
 
-from dagrl.workflow.enums import NodeRole
+from dagrl.workflow.enums import NodeRole, NodeType
 from dagrl.workflow.graph import TaskGraph
 from dagrl.workflow.node import Node
 
@@ -49,11 +51,19 @@ def to_dot(graph: TaskGraph) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _label(node: Node, multi_agent: bool, newline: str) -> str:
+def node_kind(node: Node) -> str:
+    """What a node does, in a few words: its role (its type when DEFAULT) and, for a forward-only
+    or model reward node, which kind (`ACTOR (forward)`, `REWARD (judge)`)."""
     what = node.node_type.value if node.node_role is NodeRole.DEFAULT else node.node_role.value
     if node.only_forward_compute:
         what += " (forward)"
-    parts = [node.node_id, what]
+    if node.node_type is NodeType.MODEL_INFERENCE and node.node_role is NodeRole.REWARD:
+        what += " (judge)" if node.config.get("judge_template") else " (reward model)"
+    return what
+
+
+def _label(node: Node, multi_agent: bool, newline: str) -> str:
+    parts = [node.node_id, node_kind(node)]
     if multi_agent:
         parts.append(f"agent {node.agent_group}")
     return newline.join(parts)

@@ -77,3 +77,31 @@ def test_a_negative_or_boolean_model_params_is_still_refused() -> None:
                                      config={"model_params": bad})])
         with pytest.raises(ConfigError, match="model_params"):
             node_demands(graph)
+
+
+def test_reward_model_and_judge_nodes_are_costed_by_their_own_model_params() -> None:
+    # the policy is 1B; the reward model (one forward over prompt + response) 7B; the judge
+    # (reads template + sample, then generates) 3B; rollout.n = 8 samples per prompt
+    graph = parse_workflow("""
+dag_id: model_rewards
+nodes:
+  - {node_id: rollout, node_type: MODEL_INFERENCE, node_role: ROLLOUT, config: {model_params: 1B}}
+  - {node_id: rm, node_type: MODEL_INFERENCE, node_role: REWARD, dependencies: [rollout],
+     config: {model_params: 7B, model_path: rm}}
+  - {node_id: judge, node_type: MODEL_INFERENCE, node_role: REWARD, dependencies: [rollout],
+     config: {model_params: 3B, judge_template: "{prompt} {response}"}}
+  - {node_id: reward, node_type: COMPUTE, node_role: REWARD, dependencies: [rm, judge]}
+  - {node_id: actor_train, node_type: MODEL_TRAIN, node_role: ACTOR, dependencies: [reward],
+     config: {model_params: 1B}}
+""")
+    demands, unit = node_demands(graph)
+    assert unit == "params"
+    assert demands["rm"].cost == 7e9
+    assert demands["rm"].cost_detail == "7B x 1 (reward model forward)"
+    assert demands["judge"].cost == 3e9 * 2
+    assert demands["judge"].cost_detail == "3B x 2 (judge: read + generate)"
+    assert demands["rollout"].cost_detail == "1B x 1 (forward)"
+    assert demands["actor_train"].cost == 3e9
+    assert demands["reward"].cost == 0.0
+    plan = make_plan(graph, Cluster.homogeneous(1, 4))
+    assert any("2 for an LLM judge" in note for note in plan.notes)

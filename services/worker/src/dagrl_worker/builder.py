@@ -2,7 +2,9 @@
 
 `build_agent_models` loads, per agent group, only what this rank's nodes need: the actor
 engine, the rollout backend by `rollout.name` (`hf`: the actor's own module when this rank
-holds all of it; `vllm`: an in-process engine), the frozen reference, the critic engine.
+holds all of it; `vllm`: an in-process engine), the frozen reference, the critic engine, and
+the frozen scorer of each MODEL_INFERENCE + REWARD node on this rank (`build_scorer`: a reward
+model, or an LLM judge when the node sets `config.judge_template`).
 `build_executor` maps each node to its executor by (type, role) with a plain match: every
 node type the loader accepts either gets an executor here or a clear
 error naming the node. A ROLLOUT node whose `agent_options` name an `env` runs multi-turn
@@ -14,6 +16,7 @@ multi-turn. Agent options and ENV_INTERACT nodes are checked by `dagrl.envs`'
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -32,10 +35,9 @@ from dagrl.config import JobConfig, ModelConfig, node_config
 from dagrl.engines import require_engine
 from dagrl.envs import agent_node_problems, agent_options, env_factory
 from dagrl.errors import ConfigError, InvalidInputError
-from dagrl.job_rules import model_path
+from dagrl.job_rules import model_path, reward_model_path_problem
 from dagrl.models import load_tokenizer
 from dagrl.refs import resolve_ref
-from dagrl.rewards import compute_score
 from dagrl.workflow import Node, NodeRole, NodeType, TaskGraph
 from dagrl_worker.executors.base import AgentModels, Executor, StepContext
 from dagrl_worker.executors.chain import ChainRolloutExecutor
@@ -47,6 +49,7 @@ from dagrl_worker.executors.compute import (
     PassThroughExecutor,
     RewardExecutor,
 )
+from dagrl_worker.executors.judge import JudgeExecutor, JudgeOptions, VerdictParser
 from dagrl_worker.executors.models import (
     ActorTrainExecutor,
     CriticTrainExecutor,
@@ -56,6 +59,9 @@ from dagrl_worker.executors.models import (
     ValuesExecutor,
 )
 from dagrl_worker.executors.multiturn import MultiTurnRolloutExecutor
+from dagrl_worker.executors.reward_model import RewardModelExecutor
+from dagrl_worker.executors.reward_sources import build_reward_sources
+from dagrl_worker.reward_models import Judge, load_reward_model
 from dagrl_worker.rollout import HFRollout, RolloutBackend
 from dagrl_worker.training import lora
 from dagrl_worker.training.engine import TrainEngine
@@ -157,7 +163,34 @@ def build_agent_models(graph: TaskGraph, my_nodes: set[str], agent_group: int,
                                     config.critic.model)
         models.critic = TrainEngine(value_model, config.critic.optim, total_steps,
                                     _training_dp(nodes, NodeRole.CRITIC, dp_for), "ddp")
+    for node in sorted(nodes, key=lambda n: n.node_id):
+        if node.node_type == NodeType.MODEL_INFERENCE and node.node_role == NodeRole.REWARD:
+            build_scorer(node, config, policy_path, models)
     return models
+
+
+def build_scorer(node: Node, config: JobConfig, policy_path: str, models: AgentModels) -> None:
+    """The frozen model of one MODEL_INFERENCE + REWARD node, into `models`: a reward model
+    (`config.model_path`, required), or with `config.judge_template` a judge (its
+    `config.model_path`, else the policy's initial checkpoint: the reference's module when
+    this rank holds it in the same dtype). Never trained, never synced."""
+    options = node_config(node.node_id, node.config)
+    policy = config.actor_rollout_ref.model
+    dtype = options.dtype or policy.dtype
+    if options.judge_template is None:
+        if not options.model_path:
+            raise ConfigError(reward_model_path_problem(node.node_id))
+        models.reward_models[node.node_id] = load_reward_model(
+            options.model_path, dtype, policy.trust_remote_code, models.tokenizer)
+        return
+    path = options.model_path or policy_path
+    if path == policy_path and models.reference is not None and dtype == policy.dtype:
+        module, tokenizer = models.reference, models.tokenizer
+    else:
+        module = _load_causal_lm(path, dataclasses.replace(policy, dtype=dtype))
+        module.eval().requires_grad_(False)
+        tokenizer = load_tokenizer(path, trust_remote_code=policy.trust_remote_code)
+    models.judges[node.node_id] = Judge(HFRollout(module, tokenizer), tokenizer)
 
 
 def _actor_module(policy_path: str, policy_weights: str | None, policy: ModelConfig,
@@ -238,10 +271,18 @@ def build_executor(node: Node, models: AgentModels, config: JobConfig, target_gr
         return CustomExecutor(node.node_id, function)
     if kind == NodeType.MODEL_INFERENCE and role == NodeRole.ROLLOUT:
         return _rollout_executor(node, models, _need(models.rollout, node, "a rollout backend"))
+    if kind == NodeType.MODEL_INFERENCE and role == NodeRole.REWARD:
+        if options.judge_template is not None:
+            judge = _need(models.judges.get(node.node_id), node, "its judge model")
+            return JudgeExecutor(judge, models.tokenizer, JudgeOptions.of(options),
+                                 VerdictParser(options.judge_parser))
+        return RewardModelExecutor(_need(models.reward_models.get(node.node_id), node,
+                                         "its reward model"),
+                                   models.tokenizer, options.micro_batch_size)
     if role == NodeRole.REWARD and kind == NodeType.COMPUTE:
         ref = options.reward_fn or config.reward.reward_fn or node.executable_ref
-        score_fn = cast(Callable[..., float], resolve_ref(ref)) if ref else compute_score
-        return RewardExecutor(models.tokenizer, score_fn)
+        return RewardExecutor(models.tokenizer,
+                              build_reward_sources(node.node_id, ref, config.reward))
     if role == NodeRole.ADVANTAGE:
         return AdvantageExecutor(options.adv_estimator or config.algorithm.adv_estimator)
     if role == NodeRole.DYNAMIC_SAMPLING:
@@ -263,8 +304,8 @@ def build_executor(node: Node, models: AgentModels, config: JobConfig, target_gr
         return BarrierExecutor(group)
     raise UnsupportedNodeError(
         f"node {node.node_id!r} ({kind.name}, role {role.name}) has no executor in this "
-        "worker: reward models (MODEL_INFERENCE + REWARD) are not supported yet; use a "
-        "COMPUTE reward node or a CUSTOM node with executable_ref"
+        "worker; give it a role that has one (ROLLOUT, REWARD, ADVANTAGE, DYNAMIC_SAMPLING, "
+        "ACTOR, REFERENCE, CRITIC) or make it a CUSTOM node with executable_ref"
     )
 
 

@@ -12,13 +12,16 @@ The scheduling keys of a node's config (`dagrl.config.NodeConfig` owns and check
 Cost of a node: with model_params, parameters x passes per sample x samples per prompt, after
 the usual 2N / 6N FLOPs-per-token rule (Kaplan et al. 2020): 3 passes for a training node
 (forward + backward), 1 for forward-only, reference (MODEL_TRAIN by type, as in grpo, but
-frozen) and inference nodes. Samples per prompt: 1, times `samples_per_prompt` (rollout.n) for
-every chained ROLLOUT node the node's rows come through (`sample_multiplicity`,
-`dagrl.envs.chain_depth`) — the next agent of a chain draws n samples for each of the previous
-agent's samples, so its nodes see n times the rows. With flops, the number given (the whole
-step's). Units cannot be mixed: once any node gives flops, every node with model_params must
-give flops too. Nodes without either cost nothing (they still get ranks: every subgraph gets
-at least one).
+frozen) and inference nodes, a reward model among them (MODEL_INFERENCE + REWARD: one forward
+pass over prompt + response, by the reward model's own model_params, not the policy's); 2 for
+an LLM judge (MODEL_INFERENCE + REWARD with `judge_template`: it reads the template with the
+sample, about the sample's tokens again, then generates its verdict). Samples per prompt: 1,
+times `samples_per_prompt` (rollout.n) for every chained ROLLOUT node the node's rows come
+through (`sample_multiplicity`, `dagrl.envs.chain_depth`) — the next agent of a chain draws n
+samples for each of the previous agent's samples, so its nodes see n times the rows. With
+flops, the number given (the whole step's). Units cannot be mixed: once any node gives flops,
+every node with model_params must give flops too. Nodes without either cost nothing (they still
+get ranks: every subgraph gets at least one).
 
 model_params is a size, `7B`, or a plain number (`7000000000`, `1.5e+9`). Only a node that
 holds a model (MODEL_INFERENCE, MODEL_TRAIN) may give it: on any other node (COMPUTE,
@@ -41,6 +44,7 @@ from dagrl.workflow import Node, NodeRole, NodeType, TaskGraph
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBgGtTpPeE]?)\s*$")
 _SUFFIX = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
 TRAIN_PASSES = 3  # forward + backward ~ 3 forward passes
+JUDGE_PASSES = 2  # reads template + sample, then generates a verdict
 
 
 @dataclass(frozen=True)
@@ -159,12 +163,22 @@ def _cost(node: Node, config: NodeConfig, uses_flops: bool, rows: int,
             f"{where}: gives model_params but another node gives flops; costs cannot mix units: "
             "give flops on every costed node, or model_params on all")
         return 0.0, ""
-    passes = TRAIN_PASSES if _trains(node) else 1
-    label = "train" if passes > 1 else "forward"
+    passes, label = _passes(node, config)
     detail = f"{format_size(params)} x {passes} ({label})"
     if rows > 1:
         detail += f" x {rows} (samples per prompt)"
     return params * passes * rows, detail
+
+
+def _passes(node: Node, config: NodeConfig) -> tuple[int, str]:
+    """Forward-pass equivalents per sample, and what they are (module docstring)."""
+    if _trains(node):
+        return TRAIN_PASSES, "train"
+    if node.node_type is NodeType.MODEL_INFERENCE and node.node_role is NodeRole.REWARD:
+        if config.judge_template is not None:
+            return JUDGE_PASSES, "judge: read + generate"
+        return 1, "reward model forward"
+    return 1, "forward"
 
 
 def _trains(node: Node) -> bool:

@@ -254,8 +254,9 @@ def _notes(unit: str, requirements: Sequence[Requirement], cluster: Cluster,
                      "they process (equally, but a chained agent sees rollout.n times the "
                      "samples of the agent before it)")
     elif unit == "params":
-        notes.append("cost = model_params x passes (3 for training nodes, 1 for forward-only, "
-                     "reference and inference) x samples per prompt (rollout.n per chained "
+        notes.append("cost = model_params x passes (3 for training nodes, 2 for an LLM judge, 1 "
+                     "for forward-only, reference, reward-model and other inference nodes) x "
+                     "samples per prompt (rollout.n per chained "
                      "agent); a node in k subgraphs adds 1/k of its cost to each")
     if any(r.min_memory_gib for r in requirements) and any(
             not n.device_memory_gib for n in cluster.nodes):

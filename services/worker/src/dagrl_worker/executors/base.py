@@ -3,8 +3,8 @@
 An executor is a plain object with `run(batch, ctx) -> Batch`: it reads the fields it
 needs from its input Batch and returns the Batch with the fields it adds. Executors
 never talk to Ray, Redis or other ranks' data; the DAGWorker moves Batches between
-them. Models (the policy engine, the reference, the critic) live in `AgentModels`,
-one per agent group, built once in `init_graph`.
+them. Models (the policy engine, the reference, the critic, reward models and judges) live
+in `AgentModels`, one per agent group, built once in `init_graph`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from dagrl.algorithms import KLController
 from dagrl.batch import Batch
 from dagrl.config import JobConfig
 from dagrl_worker.metrics import MetricSink
+from dagrl_worker.reward_models import Judge, RewardModel
 from dagrl_worker.rollout import RolloutBackend
 from dagrl_worker.training.engine import TrainEngine
 from dagrl_worker.training.parallel import DataParallel
@@ -38,6 +39,9 @@ class AgentModels:
     # The policy's tensors (names, shapes, dtypes) on a rank that rolls out without the
     # actor: what its weight sync receives (`weight_sync.receiver_specs`).
     policy_specs: list[TensorSpec] | None = None
+    # frozen scorers of this rank's MODEL_INFERENCE + REWARD nodes, by node id
+    reward_models: dict[str, RewardModel] = field(default_factory=dict)
+    judges: dict[str, Judge] = field(default_factory=dict)
 
 
 @dataclass

@@ -13,55 +13,69 @@ from dagrl import telemetry
 from dagrl.algorithms import AdvantageInputs, apply_kl_penalty, compute_advantage, kl_penalty
 from dagrl.batch import Batch
 from dagrl.batch.layout import concat_aligned
-from dagrl.errors import RewardError
-from dagrl.rewards import compute_score
+from dagrl.rewards.combine import combine_scores
+from dagrl.rewards.overlong import overlong_penalty
 from dagrl_worker.executors.base import StepContext, response_tokens, sequence_scores
+from dagrl_worker.executors.reward_sources import RewardSources
 from dagrl_worker.metrics import Reduce
-
-ScoreFn = Callable[..., float]
 
 
 class RewardExecutor:
-    """Rule-based (by `data_source`) or custom scoring of each decoded response.
+    """Scores each decoded response with the configured sources and combines them.
 
-    Adds `token_level_scores` [B, R]: the score on the last response token, 0 elsewhere.
+    The score is `sum_s weight_s * score_s` over `reward.sources` (`reward.val_sources` in a
+    validation pass; see `reward_sources`), plus DAPO's overlong penalty on training steps
+    when `reward.overlong_buffer.enable`. Adds `token_level_scores` [B, R]: the score on the
+    last response token, 0 elsewhere; records `reward/<source>/mean` per source and
+    `critic/score/*` of the combined score. Every source scores before anything is written.
     A batch that already carries `token_level_scores` — a multi-turn rollout puts its
     environment's episode rewards there — keeps them: the node then only reports them.
     """
 
-    def __init__(self, tokenizer: Any, score_fn: ScoreFn = compute_score) -> None:
+    def __init__(self, tokenizer: Any, sources: RewardSources) -> None:
         self.tokenizer = tokenizer
-        self.score_fn = score_fn
+        self.sources = sources
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
         if "token_level_scores" in batch:  # scored by the rollout's environment
             _report_scores(ctx, batch.tensors["token_level_scores"].sum(dim=1), len(batch))
             return batch
         mask = batch.tensors["response_mask"]  # [B, R]
-        responses = [row[m.bool()].tolist() for row, m in zip(batch.tensors["responses"], mask,
-                                                              strict=True)]
-        # no call for an empty shard: transformers < 5.20 decodes [] as one empty text
-        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True) \
-            if responses else []
+        weights = self.sources.config.weights(validating=ctx.validating)
+        texts = self._decode(batch.tensors["responses"], mask, skip_special_tokens=True)
+        # the remote service sees the prompt as the policy did, chat template included
+        prompts = self._decode(batch.tensors["prompts"], _prompt_mask(batch),
+                               skip_special_tokens=False) if "remote" in weights else []
+        timeouts_before = self.sources.verifier.timeouts
         with telemetry.phase_span(telemetry.SPAN_REWARD_SCORE):
-            scores = torch.tensor([self._score(batch, i, text) for i, text in enumerate(texts)])
+            by_source = self.sources.score(batch, texts, prompts, weights)
+        scores = combine_scores(by_source, weights)  # [B]
         lengths = mask.sum(dim=1)  # [B]
+        buffer = self.sources.config.overlong_buffer
+        if buffer.enable and not ctx.validating:
+            penalty = overlong_penalty(lengths, ctx.config.data.max_response_length,
+                                       buffer.len, buffer.penalty_factor)  # [B]
+            scores = scores + penalty
+            _report_overlong(ctx, penalty)
         token_scores = torch.zeros(mask.shape, dtype=torch.float32)  # [B, R]
         has_tokens = lengths > 0
         rows = torch.arange(len(batch))[has_tokens]
         token_scores[rows, (lengths[has_tokens] - 1)] = scores[has_tokens]
         _report_scores(ctx, scores, len(batch))
+        _report_sources(ctx, by_source, self.sources.verifier.timeouts - timeouts_before)
         return batch.with_fields(tensors={"token_level_scores": token_scores})
 
-    def _score(self, batch: Batch, row: int, text: str) -> float:
-        columns = batch.columns
-        extra = columns["extra_info"][row] if "extra_info" in columns else None
-        value = self.score_fn(columns["data_source"][row], text,
-                              columns["ground_truth"][row], extra)
-        if not isinstance(value, int | float) or value != value:
-            raise RewardError(f"reward function returned {value!r} for sample "
-                              f"{batch.uids[row]!r}; it must return a finite number")
-        return float(value)
+    def _decode(self, ids: torch.Tensor, mask: torch.Tensor, *,
+                skip_special_tokens: bool) -> list[str]:
+        rows = [row[m.bool()].tolist() for row, m in zip(ids, mask, strict=True)]
+        # no call for an empty shard: transformers < 5.20 decodes [] as one empty text
+        return self.tokenizer.batch_decode(rows, skip_special_tokens=skip_special_tokens) \
+            if rows else []
+
+
+def _prompt_mask(batch: Batch) -> torch.Tensor:
+    """Which prompt tokens are real (prompts are left-padded). # [B, P]"""
+    return batch.tensors["attention_mask"][:, :batch.tensors["prompts"].shape[1]]
 
 
 def _report_scores(ctx: StepContext, scores: torch.Tensor, rows: int) -> None:
@@ -70,6 +84,26 @@ def _report_scores(ctx: StepContext, scores: torch.Tensor, rows: int) -> None:
     ctx.sink.add(telemetry.KEY_SCORE_MEAN, float(scores.mean()), Reduce.MEAN, weight=rows)
     ctx.sink.add(telemetry.KEY_SCORE_MAX, float(scores.max()), Reduce.MAX)
     ctx.sink.add(telemetry.KEY_SCORE_MIN, float(scores.min()), Reduce.MIN)
+
+
+def _report_sources(ctx: StepContext, by_source: dict[str, torch.Tensor],
+                    math_verify_timeouts: int) -> None:
+    for source, values in by_source.items():
+        if len(values):
+            ctx.sink.add(telemetry.reward_source_key(source), float(values.mean()), Reduce.MEAN,
+                         weight=len(values))
+    if math_verify_timeouts:
+        ctx.sink.add(telemetry.KEY_REWARD_MATH_VERIFY_TIMEOUTS, math_verify_timeouts,
+                     Reduce.SUM)
+
+
+def _report_overlong(ctx: StepContext, penalty: torch.Tensor) -> None:
+    if not len(penalty):
+        return
+    ctx.sink.add(telemetry.KEY_REWARD_OVERLONG_PENALTY_MEAN, float(penalty.mean()),
+                 Reduce.MEAN, weight=len(penalty))
+    ctx.sink.add(telemetry.KEY_REWARD_OVERLONG_RATIO, float((penalty < 0).float().mean()),
+                 Reduce.MEAN, weight=len(penalty))
 
 
 class AdvantageExecutor:
