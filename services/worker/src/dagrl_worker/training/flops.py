@@ -73,8 +73,12 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
 
 @functools.cache
 def measured_cpu_matmul_flops(size: int = 512, min_seconds: float = 0.1) -> float:
-    """Dense fp32 matmul FLOP/s on this process's threads (best of a few timed runs)."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
+    """Dense fp32 matmul FLOP/s on this process's threads (best of a few timed runs). Its
+    operands come from a generator of its own: the global RNG, which seeds sampling, is left
+    as it was."""
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(size, size, generator=generator)
+    b = torch.randn(size, size, generator=generator)
     torch.mm(a, b)  # warm-up
     best = 0.0
     for _ in range(3):
