@@ -204,7 +204,6 @@ def _actor_module(policy_path: str, policy_weights: str | None, policy: ModelCon
     module = lora.with_lora(_for_training(_load_causal_lm(policy_path, policy), policy), policy)
     if policy_weights is not None:
         lora.load_adapter(module, Path(policy_weights) / lora.ADAPTER_FOLDER)
-    module.train()
     return module
 
 

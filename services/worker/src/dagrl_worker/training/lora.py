@@ -129,18 +129,10 @@ def base_model(module: torch.nn.Module) -> torch.nn.Module:
 @contextlib.contextmanager
 def adapters_disabled(module: torch.nn.Module) -> Iterator[None]:
     """Forward passes inside compute the base model: the reference policy."""
-    peft_model = _peft_model(module)
-    with peft_model.disable_adapter():
+    if not isinstance(module, PeftModel):
+        raise TypeError(f"{type(module).__name__} has no LoRA adapters")
+    with module.disable_adapter():
         yield
-
-
-def _peft_model(module: torch.nn.Module) -> PeftModel:
-    if isinstance(module, PeftModel):
-        return module
-    inner = getattr(module, "module", None)  # DDP's wrapped module
-    if isinstance(inner, PeftModel):
-        return inner
-    raise TypeError(f"{type(module).__name__} has no LoRA adapters")
 
 
 def adapter_state(module: PeftModel, full_state: dict[str, torch.Tensor]
