@@ -5,17 +5,23 @@ own is already up. `test_multinode.py` runs it and checks what it prints (JSON, 
     python tests/e2e/multinode_job.py ASSETS REDIS_URL WORK_DIR
 
 The cluster: a head that runs no rank (0 CPUs) and two worker nodes of 1 CPU, labelled with
-distinct device kinds and no machine names. Three jobs run on it:
+distinct device kinds and no machine names. These jobs run on it:
 - `spread`: GRPO planned on two 1-slot machines (the scheduler's `Cluster.homogeneous`), the
-  actor's data-parallel group spanning both nodes (gloo over TCP between raylets);
+  actor's data-parallel group spanning both nodes (gloo over TCP between raylets), with a
+  databuffer Redis per machine (`services.databuffer_per_machine`): each rank's training
+  shard goes to its own machine's instance;
 - `kinds`: GRPO whose rollout side needs `kind-a` and training side `kind-b` (a
-  heterogeneous plan), rollout on its own machine;
+  heterogeneous plan), rollout on its own machine, a Redis per machine: the rollout side's
+  shards are all on `kind-a`'s instance, and the training side writes none;
 - `too_big`: a plan for three machines, which the cluster cannot hold: it must fail at start;
-- `submitted`: `dagrl submit --nodes 2 --devices-per-node 1 --watch` to a scheduler service
-  whose drivers join the cluster (`ray_address`);
+- `submitted`: `dagrl submit --watch` of the `kinds` job, with no cluster described, to a
+  scheduler service whose drivers join the cluster (`ray_address`): the scheduler plans for
+  the live Ray nodes (their kinds from the labels), the driver binds each planned machine to
+  the node it was read from;
 - `node_lost`: the `spread` job with a checkpoint every step; after the first one the node of
-  rank 1 is removed, and a node like it joins 4 s later: the job must wait, say so in the job
-  store (`waiting_reason`), re-place and finish from the checkpoint;
+  rank 1 is removed (with its databuffer Redis), and a node like it joins 4 s later: the job
+  must wait, say so in the job store (`waiting_reason`), re-place and finish from the
+  checkpoint;
 - `node_gone`: the same loss with no node joining: the job fails after
   `trainer.node_wait_timeout_s` with the reason.
 """
@@ -41,6 +47,7 @@ from ray.cluster_utils import Cluster as RayTestCluster
 
 from dagrl.cli.main import main as cli_main
 from dagrl.jobs import JobRecord, JobState, JobStore
+from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.workflow import load_workflow, parse_workflow
 from dagrl_scheduler.config import SchedulerConfig
 from dagrl_scheduler.planning import Cluster, ClusterNode, make_plan
@@ -52,7 +59,8 @@ from dagrl_worker.spec import WorkerSpec
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grpo_arith.yaml"
 
 
-def job_config(assets: Path, work: Path, split: bool) -> dict[str, Any]:
+def job_config(assets: Path, work: Path, split: bool,
+               buffer_per_machine: bool = False) -> dict[str, Any]:
     config = yaml.safe_load(EXAMPLE.read_text())
     config["data"].update(train_files=[str(assets / "data" / "train.parquet")],
                           val_files=[str(assets / "data" / "val.parquet")],
@@ -64,6 +72,8 @@ def job_config(assets: Path, work: Path, split: bool) -> dict[str, Any]:
                              n_ranks_per_node=1, placement_timeout_s=20)
     if split:
         config["workflow"]["split_rollout"] = True
+    if buffer_per_machine:
+        config["services"] = {"databuffer_per_machine": True, "databuffer_memory_gib": 0.25}
     return config
 
 
@@ -104,25 +114,35 @@ def run(name: str, config: dict[str, Any], workflow_yaml: str, cluster: Cluster,
             "subgraph_kinds": {p.rank: proto.subgraphs[p.subgraph_index].device_kind
                                for p in proto.placements},
             "binding": driver.machine_nodes, "rank_nodes": outcome.rank_nodes,
+            "buffer_bytes": outcome.machine_buffer_bytes,
             "pg_loss": [m["actor/pg_loss"] for m in outcome.history if "actor/pg_loss" in m]}
 
 
 def submit(config: dict[str, Any], redis_url: str, work: Path,
            ray_address: str) -> dict[str, Any]:
-    """`dagrl submit --watch` to a scheduler service whose drivers join the cluster."""
+    """`dagrl submit --watch` (no cluster given) to a scheduler service whose drivers join
+    the cluster."""
+    (work / "kinds_workflow.yaml").write_text(KINDS_WORKFLOW)
+    config["workflow"]["source"] = str(work / "kinds_workflow.yaml")
     config_file = work / "submitted.yaml"
     config_file.write_text(yaml.safe_dump(config))
     logs = work / "scheduler-logs"
     server = SchedulerServer(SchedulerConfig(port=0, redis_url=redis_url, log_dir=str(logs),
                                              ray_address=ray_address)).start()
     try:
-        code = cli_main(["submit", str(config_file), "--nodes", "2", "--devices-per-node",
-                         "1", "--watch", "--scheduler", server.address])
+        code = cli_main(["submit", str(config_file), "--watch", "--scheduler",
+                         server.address])
     finally:
         server.stop()
     placed = [line for log in logs.glob("*.log") for line in log.read_text().splitlines()
               if "ranks placed" in line]
-    return {"exit_code": code, "placed": placed}
+    record = next(r for r in JobStore(redis.Redis.from_url(redis_url)).list_jobs()
+                  if r.name == "grpo_kinds")  # the newest such job: this one
+    plan = scheduler_pb2.Plan.FromString(record.plan)
+    return {"exit_code": code, "placed": placed,
+            "planned": {p.rank: p.node_name for p in plan.placements},
+            "subgraph_kinds": {p.rank: plan.subgraphs[p.subgraph_index].device_kind
+                               for p in plan.placements}}
 
 
 def lose_a_node(name: str, config: dict[str, Any], cluster: RayTestCluster, redis_url: str,
@@ -161,7 +181,8 @@ def lose_a_node(name: str, config: dict[str, Any], cluster: RayTestCluster, redi
     outcome = outcomes[0]
     return {"state": outcome.state.name, "reason": outcome.reason, "restarts": outcome.restarts,
             "last_step": outcome.last_step, "waiting_seen": waiting, "removed": victim_id,
-            "rank_nodes": outcome.rank_nodes, "waiting_after": store.get(job_id).waiting_reason}
+            "rank_nodes": outcome.rank_nodes, "waiting_after": store.get(job_id).waiting_reason,
+            "buffer_bytes": outcome.machine_buffer_bytes}
 
 
 def _node_labels(node_id: str) -> dict[str, str]:
@@ -185,15 +206,15 @@ def main(assets: Path, redis_url: str, work: Path) -> dict[str, Any]:
         kinds = Cluster((ClusterNode("m-a", 1, "kind-a"), ClusterNode("m-b", 1, "kind-b")))
         results = {
             "node_kinds": node_kinds,
-            "spread": run("spread", job_config(assets, work, False), "", plain, redis_url,
-                          work, False),
-            "kinds": run("kinds", job_config(assets, work, True), KINDS_WORKFLOW, kinds,
+            "spread": run("spread", job_config(assets, work, False, True), "", plain,
+                          redis_url, work, False),
+            "kinds": run("kinds", job_config(assets, work, True, True), KINDS_WORKFLOW, kinds,
                          redis_url, work, True),
             "too_big": run("too_big", job_config(assets, work, False), "",
                            Cluster.homogeneous(3, 1), redis_url, work, False),
-            "submitted": submit(job_config(assets, work / "submitted", False), redis_url,
+            "submitted": submit(job_config(assets, work / "submitted", True), redis_url,
                                 work, cluster.address),
-            "node_lost": lose_a_node("node_lost", job_config(assets, work, False), cluster,
+            "node_lost": lose_a_node("node_lost", job_config(assets, work, False, True), cluster,
                                      redis_url, work, rejoin_after_s=4.0, wait_s=30),
             "node_gone": lose_a_node("node_gone", job_config(assets, work, False), cluster,
                                      redis_url, work, rejoin_after_s=None, wait_s=8),

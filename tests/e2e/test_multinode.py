@@ -3,7 +3,8 @@ host, `multinode_job.py`): every rank runs on the node bound to the machine the 
 a data-parallel group spanning two nodes trains, a heterogeneous plan lands by device kind, and
 a plan the cluster cannot hold fails at start with what is missing, and a lost node is waited
 for (the job store says so), re-placed and resumed from the checkpoint, or reported after the
-wait."""
+wait. With a databuffer Redis per machine, the bytes of a step land on the instances the layout
+says: on the producers' machines."""
 
 from __future__ import annotations
 
@@ -45,6 +46,22 @@ def test_ranks_run_where_the_plan_puts_them_and_a_group_spans_nodes(cluster_runs
     assert len(run["pg_loss"]) == 2
 
 
+def test_each_machine_buffer_holds_the_shards_of_its_own_ranks(cluster_runs: dict) -> None:
+    """`spread` (every node on both ranks, dp 2): each rank writes its training shard on its
+    own machine, so the two instances receive about equal bytes. `kinds` (rollout side on
+    m-a, training side on m-b): every shard is the rollout side's, so m-b's instance receives
+    next to nothing."""
+    received = cluster_runs["spread"]["buffer_bytes"]
+    assert set(received) == {"node-0", "node-1"}
+    total = sum(received.values())
+    assert total > 100_000, received  # real shards went through, not just handshakes
+    assert all(0.3 < count / total < 0.7 for count in received.values()), received
+    split = cluster_runs["kinds"]
+    assert split["state"] == "SUCCEEDED", split["reason"]
+    assert split["buffer_bytes"]["m-a"] > 100_000, split["buffer_bytes"]
+    assert split["buffer_bytes"]["m-b"] < split["buffer_bytes"]["m-a"] / 50, split["buffer_bytes"]
+
+
 def test_heterogeneous_plan_lands_by_device_kind(cluster_runs: dict) -> None:
     run, kinds = cluster_runs["kinds"], cluster_runs["node_kinds"]
     assert run["state"] == "SUCCEEDED", run["reason"]
@@ -61,13 +78,21 @@ def test_a_plan_the_cluster_cannot_hold_fails_at_start(cluster_runs: dict) -> No
     assert run["seconds"] < 30 and run["rank_nodes"] == []
 
 
-def test_dagrl_submit_through_the_scheduler_runs_on_the_cluster(cluster_runs: dict) -> None:
-    run = cluster_runs["submitted"]
+def test_dagrl_submit_without_a_cluster_plans_for_the_live_ray_nodes(cluster_runs: dict) -> None:
+    """No `--nodes`/`--cluster`: the scheduler read the Ray nodes (kinds from their labels),
+    planned a machine on each, and the driver bound every machine to the node it came from."""
+    run, kinds = cluster_runs["submitted"], cluster_runs["node_kinds"]
     assert run["exit_code"] == 0
-    [placed] = run["placed"]  # the driver's log: "ranks placed: 0 on node-0 (id), 1 on ..."
-    assert "0 on node-0" in placed and "1 on node-1" in placed
-    ids = [part.split("(")[1].rstrip("),") for part in placed.split(" on ")[1:]]
-    assert len(set(ids)) == 2, placed
+    [placed] = run["placed"]  # the driver's log: "ranks placed: 0 on ray-1a2b3c4d (id), ..."
+    workers = {node_id for node_id, kind in kinds.items() if kind}
+    assert set(run["planned"].values()) == {f"ray-{node_id[:8]}" for node_id in workers}
+    for part in placed.split("ranks placed: ")[1].split(", "):
+        rank, _, rest = part.split(" ", 2)
+        machine, node = rest.split(" (")
+        assert machine == run["planned"][rank]
+        assert node.rstrip(")").startswith(machine.removeprefix("ray-")), placed
+        [node_id] = [n for n in workers if n.startswith(machine.removeprefix("ray-"))]
+        assert kinds[node_id] == run["subgraph_kinds"][rank], (rank, placed)
 
 
 def test_a_lost_node_is_waited_for_and_the_job_resumes_when_one_joins(cluster_runs: dict) -> None:
@@ -78,6 +103,7 @@ def test_a_lost_node_is_waited_for_and_the_job_resumes_when_one_joins(cluster_ru
     assert "machine 'node-1'" in run["waiting_seen"]
     assert run["removed"] not in run["rank_nodes"]  # rank 1 re-placed on the node that joined
     assert run["waiting_after"] == ""
+    assert set(run["buffer_bytes"]) == {"node-0", "node-1"}  # new instances for the new attempt
 
 
 def test_a_lost_node_that_never_returns_fails_the_job_after_the_wait(cluster_runs: dict) -> None:

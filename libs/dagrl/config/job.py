@@ -391,6 +391,26 @@ class WorkflowConfig:
 @dataclass(frozen=True)
 class ServicesConfig:
     redis_url: str | None = option(None, "databuffer Redis; None starts a private one")
+    databuffer_per_machine: bool = option(
+        False, "one databuffer Redis per machine: the driver starts a redis-server on each "
+        "machine's Ray node (a Ray actor) and every shard lives on its producer's machine")
+    databuffer_memory_gib: float = option(
+        4.0, "maxmemory of each per-machine databuffer Redis (databuffer_per_machine)")
+    databuffer_urls: tuple[str, ...] = option(
+        (), "one databuffer Redis per machine, given: a URL per planned machine in the plan's "
+        "machine order (instead of databuffer_per_machine)")
+
+    def check(self) -> list[str]:
+        problems = []
+        if self.databuffer_per_machine and self.databuffer_urls:
+            problems.append("set databuffer_per_machine or databuffer_urls, not both: the "
+                            "driver either starts a Redis per machine or uses the URLs given")
+        if self.databuffer_memory_gib <= 0:
+            problems.append(f"databuffer_memory_gib must be > 0, got {self.databuffer_memory_gib}")
+        problems.extend(f"databuffer_urls entry {url!r} must start with redis://, rediss:// or "
+                        "unix://" for url in self.databuffer_urls
+                        if not url.startswith(("redis://", "rediss://", "unix://")))
+        return problems
     ray_address: str | None = option(None, "Ray cluster; None starts a local head")
     metrics_endpoint: str | None = option(None, "OTLP/gRPC endpoint of the metrics service")
     tracing: bool = option(True, "export spans and metrics over OTLP")

@@ -1,14 +1,18 @@
-"""LocalRedis: a private, throwaway redis-server on a free loopback port.
+"""LocalRedis: a private, throwaway redis-server on a free port (loopback by default).
 
-Used by tests, benches and `dagrl run` (the embedded mode). It starts `redis-server` as a
-child process with persistence off, a memory cap and `maxmemory-policy noeviction` (a
-full Redis then refuses writes instead of silently evicting shards), waits until PING
-answers, and stops it by PID. It does not manage shared or long-lived Redis servers.
+Used by tests, benches, `dagrl run` (the embedded mode) and the per-machine databuffer
+(`dagrl_worker.machine_buffers`, which binds the machine's address with a password). It
+starts `redis-server` as a child process with persistence off, a memory cap and
+`maxmemory-policy noeviction` (a full Redis then refuses writes instead of silently evicting
+shards), waits until PING answers, and stops it by PID. With `die_with_parent` the server
+also ends when the process that started it dies, however it dies (Linux's parent-death
+signal). It does not manage shared or long-lived Redis servers.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
@@ -32,22 +36,36 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def ping(host: str, port: int, timeout_s: float = 0.5) -> bool:
+def ping(host: str, port: int, timeout_s: float = 0.5, password: str | None = None) -> bool:
     """Whether a Redis server answers PING at host:port (no redis-py needed)."""
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            if password is not None:
+                sock.sendall(f"AUTH {password}\r\n".encode())
+                if not sock.recv(64).startswith(b"+OK"):
+                    return False
             sock.sendall(b"PING\r\n")
             return sock.recv(64).startswith(b"+PONG")
     except OSError:
         return False
 
 
+def _end_with_parent() -> None:
+    """In the child before exec: SIGTERM it when its parent dies (PR_SET_PDEATHSIG)."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGTERM)
+
+
 class LocalRedis:
     """A private redis-server child process; use as a context manager or start()/stop()."""
 
     def __init__(self, *, maxmemory_bytes: int = 2 << 30, port: int | None = None,
-                 executable: str = "redis-server", start_timeout_s: float = 10.0) -> None:
-        self.host = "127.0.0.1"
+                 executable: str = "redis-server", start_timeout_s: float = 10.0,
+                 host: str = "127.0.0.1", password: str | None = None,
+                 die_with_parent: bool = False) -> None:
+        self.host = host
+        self.password = password
+        self._die_with_parent = die_with_parent
         self.maxmemory_bytes = maxmemory_bytes
         self._requested_port = port
         self._executable = executable
@@ -60,7 +78,8 @@ class LocalRedis:
     def url(self) -> str:
         if self._process is None:
             raise LocalServerError("LocalRedis is not running: call start() first")
-        return f"redis://{self.host}:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}{self.host}:{self.port}/0"
 
     @property
     def pid(self) -> int | None:
@@ -94,7 +113,10 @@ class LocalRedis:
         assert self._workdir is not None
         workdir = Path(self._workdir.name)
         log_path = workdir / f"redis-{self.port}.log"
-        args = [binary, "--port", str(self.port), "--bind", self.host, "--save", "",
+        config = workdir / "redis.conf"  # the password in a private file, not in `ps`
+        config.touch(mode=0o600)
+        config.write_text(f"requirepass {self.password}\n" if self.password else "")
+        args = [binary, str(config), "--port", str(self.port), "--bind", self.host, "--save", "",
                 "--appendonly", "no", "--daemonize", "no", "--dir", str(workdir),
                 "--maxmemory", str(self.maxmemory_bytes),
                 "--maxmemory-policy", "noeviction", "--logfile", str(log_path)]
@@ -102,7 +124,9 @@ class LocalRedis:
         # process that still needs it (`dagrl run` cancels its job first); stop() ends it by PID
         self._process = subprocess.Popen(args, stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=(
+                                             _end_with_parent if self._die_with_parent
+                                             else None))
         deadline = time.monotonic() + self._start_timeout_s
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
@@ -112,7 +136,7 @@ class LocalRedis:
                 self._process = None
                 tail = (stderr + log).strip().splitlines()[-3:]
                 return f"port {self.port}: exited at start: {' | '.join(tail)}"
-            if ping(self.host, self.port):
+            if ping(self.host, self.port, password=self.password):
                 return None
             time.sleep(0.02)
         self._terminate(self._process)

@@ -73,6 +73,19 @@ def test_service_config_from_env() -> None:
     assert ServiceConfig.from_env({}).port == 50052
 
 
+def test_service_config_takes_one_instance_per_machine() -> None:
+    config = ServiceConfig.from_env({
+        "DAGRL_REDIS_URL": "redis://:pw@m0:6379/0, redis://:pw@m1:6379/0"})
+    assert config.buffer.redis_url == "redis://:pw@m0:6379/0"
+    assert config.instances == ("redis://:pw@m0:6379/0", "redis://:pw@m1:6379/0")
+    assert "pw" not in str(config.describe())
+    assert ServiceConfig.from_env({"DAGRL_REDIS_URL": "redis://m0/0"}).instances == ()
+    with pytest.raises(ConfigError) as caught:
+        ServiceConfig.from_env({"DAGRL_REDIS_URL": "redis://m0/0,,m1:6379"})
+    problems = "\n".join(caught.value.problems)
+    assert "empty entry" in problems and "'m1:6379' must start with redis://" in problems
+
+
 def test_config_lists_every_problem() -> None:
     with pytest.raises(ConfigError) as caught:
         ServiceConfig.from_env({"DAGRL_DATABUFFER_PORT": "http", "DAGRL_DATABUFFER_TTL_S": "0",

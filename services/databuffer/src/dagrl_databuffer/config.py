@@ -2,7 +2,10 @@
 
 Environment variables are read here and nowhere else (`ServiceConfig.from_env`):
 
-    DAGRL_REDIS_URL                    redis://127.0.0.1:6379/0   where the shards live
+    DAGRL_REDIS_URL                    redis://127.0.0.1:6379/0   where the shards live; a
+                                                                  comma-separated list: one
+                                                                  instance per machine (homes
+                                                                  0, 1, ... in that order)
     DAGRL_DATABUFFER_HOST              127.0.0.1                  gRPC bind address
     DAGRL_DATABUFFER_PORT              50052                      gRPC port (0: any free port)
     DAGRL_DATABUFFER_QUOTA_BYTES       0                          per-job byte quota (0: none)
@@ -80,6 +83,7 @@ class ServiceConfig:
     max_workers: int = 8
     token: str | None = None  # bearer token the data-changing RPCs must carry
     buffer: BufferSettings = field(default_factory=BufferSettings)
+    instances: tuple[str, ...] = ()  # every instance's URL when there are several
 
     def __post_init__(self) -> None:
         problems = []
@@ -109,8 +113,15 @@ class ServiceConfig:
                 return default
 
         buffer_defaults = BufferSettings()
+        urls = [u.strip() for u in read("DAGRL_REDIS_URL", str, buffer_defaults.redis_url)
+                .split(",")]
+        if not all(urls):
+            problems.append(f"DAGRL_REDIS_URL={env.get('DAGRL_REDIS_URL')!r} has an empty "
+                            "entry; give one URL, or several separated by commas")
+        for url in urls[1:]:
+            _build(BufferSettings, {"redis_url": url}, problems)
         buffer_values = {
-            "redis_url": read("DAGRL_REDIS_URL", str, buffer_defaults.redis_url),
+            "redis_url": urls[0] or buffer_defaults.redis_url,
             "quota_bytes": read("DAGRL_DATABUFFER_QUOTA_BYTES", int, 0),
             "ttl_s": read("DAGRL_DATABUFFER_TTL_S", int, buffer_defaults.ttl_s),
             "chunk_bytes": read("DAGRL_DATABUFFER_CHUNK_BYTES", int,
@@ -125,7 +136,8 @@ class ServiceConfig:
             "token": read("DAGRL_DATABUFFER_TOKEN", str, None),
         }
         buffer = _build(BufferSettings, buffer_values, problems)
-        config = _build(cls, {**service_values, "buffer": buffer or buffer_defaults}, problems)
+        config = _build(cls, {**service_values, "buffer": buffer or buffer_defaults,
+                              "instances": tuple(urls) if len(urls) > 1 else ()}, problems)
         if problems or config is None:
             raise ConfigError(problems, source="environment")
         return config
@@ -134,6 +146,7 @@ class ServiceConfig:
         """The resolved config as plain data for the start-up log line (password hidden)."""
         values = dataclasses.asdict(self)
         values["buffer"]["redis_url"] = redact_url(self.buffer.redis_url)
+        values["instances"] = [redact_url(url) for url in self.instances]
         values["token"] = "***" if self.token else None
         return values
 

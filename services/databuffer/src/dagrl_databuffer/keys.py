@@ -14,6 +14,16 @@ The usage hash is the per-job quota ledger; the step set is what DeleteStep remo
 write id in chunk keys lets a re-put of a shard write new chunks next to the old ones and
 switch over by replacing the meta.
 
+Where a shard lives: a buffer can be several Redis instances, one per machine of the job
+(`services.databuffer_per_machine`, `services.databuffer_urls`), numbered by the plan's
+machine order (its `node_rank`). Every key of producer rank r's shard (meta and chunks), and
+that instance's own copy of the edge's `producers`, `readers`, step index and usage entry,
+lives on the instance of the machine that ran rank r: its `home`. A consumer computes the
+home of each producer rank from the same plan (`dagrl_worker.plan_view.PlanView.machine_of`),
+reads the metas and the blocks it needs from there, and records its read on every instance
+holding a shard of the edge, so each instance empties itself when its last consumer has read.
+With one instance every home is 0.
+
 A job's data can live under derived job names (`attempt_namespace`, `validation_namespace`):
 a run restarted after a failure, and each validation pass, use names of their own, so they
 never read shards or reader counts that another attempt or a training step left. Each name

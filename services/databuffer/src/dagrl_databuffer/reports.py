@@ -20,6 +20,7 @@ class ShardInfo:
     rows: int
     nbytes: int
     tokens: int
+    home: int = 0  # the instance it lives on (its producer's machine)
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,20 @@ class JobUsage:
 
 
 @dataclass(frozen=True)
-class BufferStats:
+class InstanceStats:
+    """One Redis instance of the buffer: its memory and the jobs' usage on it."""
+
+    url: str  # password redacted
     used_memory_bytes: int
     maxmemory_bytes: int
     jobs: tuple[JobUsage, ...]
+
+
+@dataclass(frozen=True)
+class BufferStats:
+    """Summed over the instances (`instances`: each one, in home order)."""
+
+    used_memory_bytes: int
+    maxmemory_bytes: int
+    jobs: tuple[JobUsage, ...]
+    instances: tuple[InstanceStats, ...] = ()

@@ -45,7 +45,7 @@ class DataBufferServer:
         with self._lock:
             if self._server is not None or self._stopped.is_set():
                 return self
-            client = DataBufferClient(self.config.buffer)
+            client = DataBufferClient(self.config.buffer, instances=self.config.instances)
             try:
                 redis_info = client.check_server()
                 server = self._build(client)
@@ -59,7 +59,7 @@ class DataBufferServer:
             for name in ("", SERVICE_NAME):
                 self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
             log.info("databuffer service on %s:%d, redis %s (%s)", self.config.host, self.port,
-                     client.store.url, redis_info)
+                     ", ".join(store.url for store in client.stores), redis_info)
             return self
 
     def _build(self, client: DataBufferClient) -> grpc.Server:

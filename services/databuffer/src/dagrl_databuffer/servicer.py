@@ -28,7 +28,7 @@ from dagrl.errors import (
 from dagrl.rpc.gen.databuffer.v1 import databuffer_pb2 as pb
 from dagrl.rpc.status import abort_with
 from dagrl_databuffer.client import DataBufferClient
-from dagrl_databuffer.reports import ShardInfo
+from dagrl_databuffer.reports import JobUsage, ShardInfo
 from dagrl_databuffer.wire import GET_CHUNK_TAG, PUT_CHUNK_TAG, chunk_payload, framed_chunks
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class DataBufferServicer:
                     f"PutShard's chunks are not an encoded Batch (dagrl.batch.encode): {exc}"
                 ) from exc
             info = self.client.put(key.job_id, key.step, key.edge, key.producer_rank, batch,
-                                   producer_size=key.producer_size or None)
+                                   producer_size=key.producer_size or None, home=key.home)
             return pb.PutShardResponse(rows=info.rows, bytes=info.nbytes)
         return _mapped(context, "PutShard", put)
 
@@ -96,13 +96,15 @@ class DataBufferServicer:
                  context: grpc.ServicerContext) -> Iterator[bytes]:
         def get() -> list[memoryview]:
             where = (request.job_id, request.step, request.edge)
+            homes = list(request.homes) or None
             if request.group_ids:
                 batch = self.client.get_groups(
                     *where, list(request.group_ids), request.dp_rank, request.dp_size,
-                    request.producers or None, timeout_s=request.timeout_s)
+                    request.producers or None, timeout_s=request.timeout_s, homes=homes)
             else:
                 batch = self.client.get(*where, request.dp_rank, request.dp_size,
-                                        request.producers or None, timeout_s=request.timeout_s)
+                                        request.producers or None, timeout_s=request.timeout_s,
+                                        homes=homes)
             return encode_parts(batch)
         parts = _mapped(context, "GetShard", get)
         yield from framed_chunks(GET_CHUNK_TAG, parts, self.grpc_chunk_bytes)
@@ -125,11 +127,17 @@ class DataBufferServicer:
         def stats() -> pb.StatsResponse:
             found = self.client.stats(request.job_id or None)
             quota = self.client.settings.quota_bytes
+
+            def usages(jobs: Iterable[JobUsage]) -> list[pb.JobUsage]:
+                return [pb.JobUsage(job_id=j.job, bytes=j.nbytes, quota_bytes=quota,
+                                    shards=j.shards) for j in jobs]
             return pb.StatsResponse(
                 redis_used_memory_bytes=found.used_memory_bytes,
-                redis_maxmemory_bytes=found.maxmemory_bytes,
-                jobs=[pb.JobUsage(job_id=j.job, bytes=j.nbytes, quota_bytes=quota,
-                                  shards=j.shards) for j in found.jobs])
+                redis_maxmemory_bytes=found.maxmemory_bytes, jobs=usages(found.jobs),
+                instances=[pb.InstanceStats(redis_url=i.url,
+                                            redis_used_memory_bytes=i.used_memory_bytes,
+                                            redis_maxmemory_bytes=i.maxmemory_bytes,
+                                            jobs=usages(i.jobs)) for i in found.instances])
         return _mapped(context, "Stats", stats)
 
 
@@ -148,7 +156,8 @@ def _mapped(context: grpc.ServicerContext, method: str, fn: Callable[[], T]) -> 
 
 def _shard_info(info: ShardInfo) -> pb.ShardInfo:
     key = pb.ShardKey(job_id=info.job, step=info.step, edge=info.edge,
-                      producer_rank=info.producer_rank, producer_size=info.producer_size)
+                      producer_rank=info.producer_rank, producer_size=info.producer_size,
+                      home=info.home)
     return pb.ShardInfo(key=key, rows=info.rows, bytes=info.nbytes, tokens=info.tokens)
 
 

@@ -31,12 +31,14 @@ import redis
 import yaml
 
 from dagrl import telemetry
+from dagrl.config import JobConfig
 from dagrl.errors import FailedPreconditionError, UnavailableError
 from dagrl.jobs import JobEvent, JobRecord, JobState, JobStateError, JobStore, new_job_id
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl_scheduler import launcher
 from dagrl_scheduler.config import SchedulerConfig
-from dagrl_scheduler.planning import Plan, make_plan
+from dagrl_scheduler.planning import Cluster, Plan, make_plan
+from dagrl_scheduler.ray_cluster import RayClusterReader, cluster_from_ray
 from dagrl_scheduler.specs import ResolvedJob, resolve_job
 
 log = logging.getLogger(__name__)
@@ -79,19 +81,28 @@ class JobManager:
         self._client: redis.Redis | None = None
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self._closed = threading.Event()
+        self._ray = RayClusterReader(config.ray_address) if config.ray_address else None
 
     # ---- planning -----------------------------------------------------------------------
 
     def plan(self, spec: scheduler_pb2.JobSpec, cluster: scheduler_pb2.ClusterSpec) -> Plan:
         """The plan a submission would get; touches nothing."""
-        resolved = resolve_job(spec, cluster)
+        resolved = resolve_job(spec, cluster, self._live_cluster)
         return plan_job(resolved)
+
+    @property
+    def _live_cluster(self) -> Callable[[JobConfig], Cluster] | None:
+        """Plans for the Ray cluster the drivers join, when this scheduler has one."""
+        reader = self._ray
+        if reader is None:
+            return None
+        return lambda config: cluster_from_ray(reader.nodes(), config)
 
     # ---- jobs ---------------------------------------------------------------------------
 
     def submit(self, spec: scheduler_pb2.JobSpec,
                cluster: scheduler_pb2.ClusterSpec) -> JobRecord:
-        resolved = resolve_job(spec, cluster)
+        resolved = resolve_job(spec, cluster, self._live_cluster)
         plan = plan_job(resolved)
         store = self.store()
         job_id = new_job_id()

@@ -9,6 +9,7 @@ machine, and a request must not make it read its own files), nor imports code a 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from dagrl.config import JobConfig
@@ -26,12 +27,19 @@ class ResolvedJob:
     cluster: Cluster
 
 
-def resolve_job(spec: scheduler_pb2.JobSpec, cluster: scheduler_pb2.ClusterSpec) -> ResolvedJob:
-    """Validate the request's job; InvalidInputError (INVALID_ARGUMENT) says what to fix."""
+def resolve_job(spec: scheduler_pb2.JobSpec, cluster: scheduler_pb2.ClusterSpec,
+                live_cluster: Callable[[JobConfig], Cluster] | None = None) -> ResolvedJob:
+    """Validate the request's job; InvalidInputError (INVALID_ARGUMENT) says what to fix.
+    The cluster: the request's, else `live_cluster(config)` (the Ray cluster the scheduler
+    launches on, `ray_cluster`), else the job config's size (`cluster_from_config`)."""
     config = load_config(spec)
     graph, source = load_graph(spec, config)
-    resolved_cluster = cluster_from_proto(cluster) if cluster.nodes else cluster_from_config(
-        config)
+    if cluster.nodes:
+        resolved_cluster = cluster_from_proto(cluster)
+    elif live_cluster is not None:
+        resolved_cluster = live_cluster(config)
+    else:
+        resolved_cluster = cluster_from_config(config)
     return ResolvedJob(config, graph, source, resolved_cluster)
 
 

@@ -27,7 +27,8 @@ class DAGWorkerActor:
     def __init__(self, spec: WorkerSpec, rank: int, local_rank: int = 0) -> None:
         # torch's convention; Ray already sets the visible devices of a GPU actor
         os.environ["LOCAL_RANK"] = str(local_rank)
-        self.worker = DAGWorker(spec, rank, store=open_shard_store(spec.redis_url))
+        self.worker = DAGWorker(spec, rank, store=open_shard_store(
+            spec.redis_url, spec.machine_buffer_urls))
 
     def node_id(self) -> str:
         """The Ray node this rank runs on (tests check it against the plan's binding)."""

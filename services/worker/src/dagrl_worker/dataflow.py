@@ -14,7 +14,7 @@ Nothing here sends batch data to the driver.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -35,15 +35,19 @@ PARENT_UID = "parent_uid"
 class ShardStore(Protocol):
     """The part of the databuffer client (`dagrl_databuffer.client`) the worker uses."""
 
+    @property
+    def instance_count(self) -> int: ...
+
     def put(self, job: str, step: int, edge: str, producer_rank: int, batch: Batch, *,
-            producer_size: int | None = None) -> Any: ...
+            producer_size: int | None = None, home: int = 0) -> Any: ...
 
     def get(self, job: str, step: int, edge: str, dp_rank: int, dp_size: int,
-            producers: int | None = None, *, timeout_s: float = 60.0) -> Batch: ...
+            producers: int | None = None, *, timeout_s: float = 60.0,
+            homes: Sequence[int] | None = None) -> Batch: ...
 
     def get_groups(self, job: str, step: int, edge: str, group_ids: Collection[str],
                    dp_rank: int, dp_size: int, producers: int | None = None, *,
-                   timeout_s: float = 60.0) -> Batch: ...
+                   timeout_s: float = 60.0, homes: Sequence[int] | None = None) -> Batch: ...
 
 
 def edge_name(producer: str, consumer: str) -> str:
@@ -106,18 +110,21 @@ class EdgeRouter:
         return not (self.balance_batch and trains and used.dp_size > 1)
 
     def publish(self, step: int, producer: str, batch: Batch) -> None:
-        """Hand a node's output to each consumer edge."""
+        """Hand a node's output to each consumer edge (a databuffer shard goes to this
+        machine's instance when there is one per machine)."""
         self.local[producer] = batch
         layout = self.plan.layout(producer)
+        dp_rank = layout.dp_rank(self.rank)
         for consumer in self.graph.children(producer):
             if self.running is not None and consumer not in self.running:
                 continue
             if not self.is_local(producer, consumer):
                 edge = edge_name(producer, consumer)
+                store = self._require_store()
+                home = self.plan.home_of(producer, dp_rank) if store.instance_count > 1 else 0
                 with telemetry.phase_span(telemetry.SPAN_DATABUFFER_PUT) as span:
-                    info = self._require_store().put(self.job_id, step, edge,
-                                                     layout.dp_rank(self.rank), batch,
-                                                     producer_size=layout.dp_size)
+                    info = store.put(self.job_id, step, edge, dp_rank, batch,
+                                     producer_size=layout.dp_size, home=home)
                     span.add_bytes(int(info.nbytes))
 
     def inputs(self, step: int, consumer: str) -> Batch:
@@ -148,14 +155,18 @@ class EdgeRouter:
         store = self._require_store()
         edge = edge_name(producer, consumer)
         producers = self.plan.layout(producer).dp_size
+        homes = ([self.plan.home_of(producer, d) for d in range(producers)]
+                 if store.instance_count > 1 else None)
         with telemetry.phase_span(telemetry.SPAN_DATABUFFER_GET) as span:
             if group_ids is None:
                 part = store.get(self.job_id, step, edge, layout.dp_rank(self.rank),
-                                 layout.dp_size, producers=producers, timeout_s=self.timeout_s)
+                                 layout.dp_size, producers=producers, timeout_s=self.timeout_s,
+                                 homes=homes)
             else:
                 part = store.get_groups(self.job_id, step, edge, group_ids,
                                         layout.dp_rank(self.rank), layout.dp_size,
-                                        producers=producers, timeout_s=self.timeout_s)
+                                        producers=producers, timeout_s=self.timeout_s,
+                                        homes=homes)
             span.set_batch_size(len(part))
         return part
 
@@ -241,10 +252,11 @@ def scores_by_lineage(parents: Batch, children: Batch) -> Batch:
                  columns={UID: list(parents.uids), GROUP_ID: list(parents.group_ids)})
 
 
-def open_shard_store(redis_url: str | None) -> ShardStore | None:
-    """The databuffer client for `redis_url` (None: no databuffer, local edges only)."""
-    if redis_url is None:
-        return None
+def open_shard_store(redis_url: str | None, machine_urls: Sequence[str] = ()) -> ShardStore | None:
+    """The databuffer client: one instance per machine (`machine_urls`, in the plan's machine
+    order), else `redis_url` alone (None with neither: no databuffer, local edges only)."""
     from dagrl_databuffer.client import DataBufferClient
 
-    return DataBufferClient(redis_url)
+    if machine_urls:
+        return DataBufferClient(machine_urls[0], instances=machine_urls)
+    return None if redis_url is None else DataBufferClient(redis_url)

@@ -28,7 +28,7 @@ import pickle
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +43,10 @@ from dagrl import metrics_file, telemetry
 from dagrl.config import to_dict
 from dagrl.jobs import JobState, JobStore
 from dagrl.telemetry import names
+from dagrl_databuffer.config import redact_url
 from dagrl_worker.actors import DAGWorkerActor
 from dagrl_worker.driver_args import parse_args
+from dagrl_worker.machine_buffers import machine_buffer_urls, stop_machine_buffers
 from dagrl_worker.metrics import COMPUTE_SECONDS, merge
 from dagrl_worker.pipeline import Pipeline
 from dagrl_worker.placement import (
@@ -79,6 +81,8 @@ class JobOutcome:
     timeline: list[tuple[str, int, float, float]] = field(default_factory=list)
     rank_nodes: list[str] = field(default_factory=list)  # the Ray node of each rank, by rank
     waiting_reason: str = ""  # why the job is not stepping now ("" when it is)
+    # services.databuffer_per_machine: bytes each machine's Redis received in the last attempt
+    machine_buffer_bytes: dict[str, int] = field(default_factory=dict)
 
 
 class Driver:
@@ -90,6 +94,8 @@ class Driver:
         self.cancelled = False
         self.rendezvous = ""  # this attempt's torch.distributed init method (DAGWorkerActor)
         self.machine_nodes: dict[str, str] = {}  # planned machine -> Ray node id, this attempt
+        self.machine_order: list[str] = []  # the plan's machines, in its order
+        self.machine_buffers: list[Any] = []  # this attempt's per-machine Redis actors
         self.outcome = JobOutcome(JobState.RUNNING)
         self.latest: dict[str, float] = {}
         self.total_steps = 0  # the newest value of every metric, for the store
@@ -156,6 +162,7 @@ class Driver:
                     return self.outcome
             finally:
                 _stop_workers(workers, group)
+                self._stop_machine_buffers()
                 _remove_rendezvous_file(self.rendezvous)
 
     def request_cancel(self) -> None:
@@ -187,6 +194,18 @@ class Driver:
             self.check_cancel()
             time.sleep(min(1.0, max(left, 0.0)))
 
+    def _stop_machine_buffers(self) -> None:
+        if not self.machine_buffers:
+            return
+        received = stop_machine_buffers(self.machine_buffers)
+        self.machine_buffers = []
+        self.outcome.machine_buffer_bytes = {
+            machine: count for machine, count in zip(self.machine_order, received, strict=True)
+            if count is not None}
+        log.info("databuffer per machine received: %s", ", ".join(
+            f"{machine} {count / 1e6:.2f} MB"
+            for machine, count in self.outcome.machine_buffer_bytes.items()))
+
     def _set_waiting(self, reason: str) -> None:
         if reason != self.outcome.waiting_reason:
             self.outcome.waiting_reason = reason
@@ -214,13 +233,24 @@ class Driver:
             slots.update({rank: (group, index) for index, rank in enumerate(need.ranks)})
         _wait_ready(groups, needs, ready_timeout_s or self.config.trainer.placement_timeout_s)
         self.machine_nodes = binding
+        self.machine_order = [need.name for need in needs]
+        try:
+            urls, self.machine_buffers = machine_buffer_urls(self.config.services, needs, binding)
+        except PlacementError:
+            for group in groups:
+                remove_placement_group(group)
+            raise
+        if urls:
+            log.info("databuffer: one Redis per machine: %s", ", ".join(
+                f"{need.name} {redact_url(url)}" for need, url in zip(needs, urls, strict=True)))
+        spec = replace(self.spec, machine_buffer_urls=urls)
         local_ranks = {p.rank: p.local_rank for p in plan.placements}
         workers = [
             DAGWorkerActor.options(  # type: ignore[attr-defined]
                 num_cpus=1, num_gpus=1 if use_gpu else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     slots[rank][0], placement_group_bundle_index=slots[rank][1]),
-            ).remote(self.spec, rank, local_ranks.get(rank, 0))
+            ).remote(spec, rank, local_ranks.get(rank, 0))
             for rank in range(self.plan.world_size)
         ]
         self.actors = workers

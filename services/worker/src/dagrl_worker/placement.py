@@ -6,14 +6,9 @@ to a distinct live Ray node that can hold it; the driver then asks Ray for one p
 per machine, strictly packed on that node (`driver._start_workers`). A plan the live cluster
 cannot satisfy fails here, before any worker starts, naming what is missing.
 
-A Ray node tells what it is through labels (`ray start --labels`, or `labels=` of a test
-cluster's node); all are optional:
-- `dagrl.io/machine`: the name of the planned machine it is (binds that machine to it only);
-- `dagrl.io/device-kind`: its device kind (`H100`, `cpu`, ...); GPU nodes also match by
-  Ray's own `accelerator_type:<kind>` resource;
-- `dagrl.io/device-memory-gib`: memory per device.
-A node without labels can hold any machine whose needs it does not contradict: enough CPUs
-(GPUs when the job runs on GPUs) for its ranks.
+A Ray node tells what it is through labels (`dagrl.ray_nodes`: machine name, device kind,
+device memory). A node without labels can hold any machine whose needs it does not
+contradict: enough CPUs (GPUs when the job runs on GPUs) for its ranks.
 
 Pure logic (no Ray): `live_offers` turns `ray.nodes()` into `NodeOffer`s.
 """
@@ -25,12 +20,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from dagrl.errors import FailedPreconditionError
+from dagrl.ray_nodes import (
+    LABEL_DEVICE_KIND,
+    LABEL_DEVICE_MEMORY,
+    LABEL_MACHINE,
+    NODE_ID_LABEL,
+    RayNode,
+    live_nodes,
+)
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 
-LABEL_MACHINE = "dagrl.io/machine"
-LABEL_DEVICE_KIND = "dagrl.io/device-kind"
-LABEL_DEVICE_MEMORY = "dagrl.io/device-memory-gib"
-NODE_ID_LABEL = "ray.io/node-id"  # Ray's own label: a bundle selector on it pins a node
+__all__ = ["LABEL_DEVICE_KIND", "LABEL_DEVICE_MEMORY", "LABEL_MACHINE", "NODE_ID_LABEL",
+           "MachineNeed", "NodeOffer", "PlacementError", "bind_machines", "live_offers",
+           "machine_needs"]
 
 
 class PlacementError(FailedPreconditionError):
@@ -55,47 +57,15 @@ class MachineNeed:
         return f"machine {self.name!r} (ranks {list(self.ranks)}): {', '.join(wants)}"
 
 
-@dataclass(frozen=True)
-class NodeOffer:
-    """One live Ray node."""
-
-    node_id: str
-    cpus: float
-    gpus: float
-    labels: Mapping[str, str]
-    accelerator: str = ""  # Ray's accelerator_type, "" on CPU nodes
+class NodeOffer(RayNode):
+    """One live Ray node, asked whether it can be a planned machine."""
 
     def holds(self, need: MachineNeed, use_gpu: bool) -> bool:
         named = self.labels.get(LABEL_MACHINE)
         if named is not None and named != need.name:
             return False
-        slots = self.gpus if use_gpu else self.cpus
-        return (slots >= len(need.ranks) and self._is_kind(need.device_kind)
-                and self._has_memory(need.min_device_memory_gib))
-
-    def _is_kind(self, kind: str) -> bool:
-        if not kind:
-            return True
-        kinds = {self.labels.get(LABEL_DEVICE_KIND, ""), self.accelerator}
-        if kind.lower() == "cuda":
-            return self.gpus > 0
-        if kind.lower() == "cpu" and not self.labels.get(LABEL_DEVICE_KIND):
-            return self.gpus == 0
-        return kind.lower() in {k.lower() for k in kinds if k}
-
-    def _has_memory(self, gib: float) -> bool:
-        if gib <= 0:
-            return True
-        try:
-            return float(self.labels.get(LABEL_DEVICE_MEMORY, "0")) >= gib
-        except ValueError:
-            return False
-
-    def describe(self) -> str:
-        labels = ", ".join(f"{k}={v}" for k, v in sorted(self.labels.items())
-                           if k != NODE_ID_LABEL)
-        return (f"node {self.node_id[:12]} ({self.cpus:g} CPU, {self.gpus:g} GPU"
-                f"{', ' + labels if labels else ''})")
+        return (self.slots(use_gpu) >= len(need.ranks) and self.is_kind(need.device_kind)
+                and self.device_memory_gib >= need.min_device_memory_gib)
 
 
 def machine_needs(plan: scheduler_pb2.Plan) -> list[MachineNeed]:
@@ -160,14 +130,5 @@ def _missing_message(missing: list[MachineNeed], offers: list[NodeOffer], use_gp
 
 def live_offers(nodes: Iterable[Mapping[str, Any]]) -> list[NodeOffer]:
     """`ray.nodes()` -> the live nodes, in Ray's order."""
-    offers = []
-    for node in nodes:
-        if not node.get("Alive"):
-            continue
-        resources = node.get("Resources", {})
-        accelerator = next((k.removeprefix("accelerator_type:") for k in resources
-                            if k.startswith("accelerator_type:")), "")
-        offers.append(NodeOffer(str(node["NodeID"]), float(resources.get("CPU", 0)),
-                                float(resources.get("GPU", 0)),
-                                dict(node.get("Labels") or {}), accelerator))
-    return offers
+    return [NodeOffer(n.node_id, n.cpus, n.gpus, n.labels, n.accelerator)
+            for n in live_nodes(nodes)]

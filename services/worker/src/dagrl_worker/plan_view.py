@@ -6,7 +6,9 @@ The plan arrives as a `dagrl.scheduler.v1.Plan` proto. The worker relies on:
   parallel group are consecutive, so a rank's dp rank is its position in `ranks` divided by
   tp x pp (the TP ranks of a rollout engine read the same prompts);
 - `process_groups`: in the order every rank must create them, each with its ranks and the
-  model nodes that train or run on it.
+  model nodes that train or run on it;
+- `placements`: the machine (`node_rank`) of each rank, which also numbers the machines'
+  databuffer instances when the job has one per machine (`machine_of`).
 
 `colocated_plan` builds the simplest plan (every node on every rank, one group per agent
 group's model nodes) for tests and for running a DAGWorker without the scheduler.
@@ -53,6 +55,17 @@ class PlanView:
         }
         self.groups = [GroupSpec(g.name, tuple(g.ranks), tuple(g.node_ids))
                        for g in plan.process_groups]
+        self.machines = {p.rank: p.node_rank for p in plan.placements}
+
+    def machine_of(self, rank: int) -> int:
+        """The index of the machine rank `rank` runs on (0 in a plan without placements)."""
+        return self.machines.get(rank, 0)
+
+    def home_of(self, node_id: str, dp_rank: int) -> int:
+        """The machine of dp rank `dp_rank` of the node (its first rank's): where its shards
+        of the node's output live when the databuffer has one instance per machine."""
+        layout = self.layout(node_id)
+        return self.machine_of(layout.ranks[dp_rank * layout.tp_size * layout.pp_size])
 
     def layout(self, node_id: str) -> NodeLayout:
         if node_id not in self.layouts:

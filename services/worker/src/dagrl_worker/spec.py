@@ -24,6 +24,9 @@ class WorkerSpec:
     plan: bytes
     redis_url: str | None
     checkpoint_dir: str
+    # one databuffer Redis per planned machine, in the plan's machine order (the driver sets
+    # it per attempt); empty: every shard in `redis_url`
+    machine_buffer_urls: tuple[str, ...] = ()
 
     def job_config(self) -> JobConfig:
         data = parse_yaml_mapping(self.config_yaml, f"job {self.job_id} config")

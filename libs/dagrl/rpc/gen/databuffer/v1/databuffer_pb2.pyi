@@ -31,6 +31,7 @@ class ShardKey(_message.Message):
     EDGE_FIELD_NUMBER: _builtins.int
     PRODUCER_RANK_FIELD_NUMBER: _builtins.int
     PRODUCER_SIZE_FIELD_NUMBER: _builtins.int
+    HOME_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     step: _builtins.int
     edge: _builtins.str
@@ -38,6 +39,8 @@ class ShardKey(_message.Message):
     producer_rank: _builtins.int
     producer_size: _builtins.int
     """the producer node's dp size (0: unknown, consumers pass it)"""
+    home: _builtins.int
+    """the Redis instance the shard lives on (its producer's machine); 0 with one"""
     def __init__(
         self,
         *,
@@ -46,10 +49,11 @@ class ShardKey(_message.Message):
         edge: _builtins.str = ...,
         producer_rank: _builtins.int = ...,
         producer_size: _builtins.int = ...,
+        home: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["edge", b"edge", "job_id", b"job_id", "producer_rank", b"producer_rank", "producer_size", b"producer_size", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["edge", b"edge", "home", b"home", "job_id", b"job_id", "producer_rank", b"producer_rank", "producer_size", b"producer_size", "step", b"step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -114,6 +118,7 @@ class GetShardRequest(_message.Message):
     TIMEOUT_S_FIELD_NUMBER: _builtins.int
     PRODUCERS_FIELD_NUMBER: _builtins.int
     GROUP_IDS_FIELD_NUMBER: _builtins.int
+    HOMES_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     step: _builtins.int
     edge: _builtins.str
@@ -129,6 +134,10 @@ class GetShardRequest(_message.Message):
         dp share: a chained agent's answers going back to the rank that holds their parent samples.
         """
 
+    @_builtins.property
+    def homes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The instance of each producer rank's shard (empty: all on instance 0); see ShardKey.home."""
+
     def __init__(
         self,
         *,
@@ -140,10 +149,11 @@ class GetShardRequest(_message.Message):
         timeout_s: _builtins.float = ...,
         producers: _builtins.int = ...,
         group_ids: _abc.Iterable[_builtins.str] | None = ...,
+        homes: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dp_rank", b"dp_rank", "dp_size", b"dp_size", "edge", b"edge", "group_ids", b"group_ids", "job_id", b"job_id", "producers", b"producers", "step", b"step", "timeout_s", b"timeout_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dp_rank", b"dp_rank", "dp_size", b"dp_size", "edge", b"edge", "group_ids", b"group_ids", "homes", b"homes", "job_id", b"job_id", "producers", b"producers", "step", b"step", "timeout_s", b"timeout_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -329,12 +339,19 @@ class JobUsage(_message.Message):
 Global___JobUsage: _TypeAlias = JobUsage  # noqa: Y015
 
 @_typing.final
-class StatsResponse(_message.Message):
+class InstanceStats(_message.Message):
+    """One Redis instance of the buffer (the service is given several as a comma-separated
+    DAGRL_REDIS_URL, one per machine).
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
+    REDIS_URL_FIELD_NUMBER: _builtins.int
     REDIS_USED_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     REDIS_MAXMEMORY_BYTES_FIELD_NUMBER: _builtins.int
     JOBS_FIELD_NUMBER: _builtins.int
+    redis_url: _builtins.str
+    """password hidden"""
     redis_used_memory_bytes: _builtins.int
     redis_maxmemory_bytes: _builtins.int
     @_builtins.property
@@ -342,13 +359,47 @@ class StatsResponse(_message.Message):
     def __init__(
         self,
         *,
+        redis_url: _builtins.str = ...,
         redis_used_memory_bytes: _builtins.int = ...,
         redis_maxmemory_bytes: _builtins.int = ...,
         jobs: _abc.Iterable[Global___JobUsage] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "redis_maxmemory_bytes", b"redis_maxmemory_bytes", "redis_used_memory_bytes", b"redis_used_memory_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "redis_maxmemory_bytes", b"redis_maxmemory_bytes", "redis_url", b"redis_url", "redis_used_memory_bytes", b"redis_used_memory_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InstanceStats: _TypeAlias = InstanceStats  # noqa: Y015
+
+@_typing.final
+class StatsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REDIS_USED_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    REDIS_MAXMEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    JOBS_FIELD_NUMBER: _builtins.int
+    INSTANCES_FIELD_NUMBER: _builtins.int
+    redis_used_memory_bytes: _builtins.int
+    """summed over the instances"""
+    redis_maxmemory_bytes: _builtins.int
+    @_builtins.property
+    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobUsage]: ...
+    @_builtins.property
+    def instances(self) -> _containers.RepeatedCompositeFieldContainer[Global___InstanceStats]:
+        """each instance, in home order"""
+
+    def __init__(
+        self,
+        *,
+        redis_used_memory_bytes: _builtins.int = ...,
+        redis_maxmemory_bytes: _builtins.int = ...,
+        jobs: _abc.Iterable[Global___JobUsage] | None = ...,
+        instances: _abc.Iterable[Global___InstanceStats] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["instances", b"instances", "jobs", b"jobs", "redis_maxmemory_bytes", b"redis_maxmemory_bytes", "redis_used_memory_bytes", b"redis_used_memory_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
