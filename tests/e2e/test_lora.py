@@ -45,19 +45,19 @@ def test_lora_ddp_trains_adapters_and_resumes_exactly(ray_session: None, assets:
                                                        tmp_path: Path) -> None:
     straight_dir, split_dir = tmp_path / "straight", tmp_path / "split"
     _, straight = run_job(assets, redis_server, straight_dir, actor_rollout_ref=LORA,
-                          trainer={"total_training_steps": 4, "save_freq": 4, **QUIET})
+                          trainer={"total_training_steps": 2, "save_freq": 2, **QUIET})
     assert straight.state == JobState.SUCCEEDED, straight.reason
     kl = series(straight, "actor/kl_loss")
     # the reference is the base: the first mini-batch's policy is it (B = 0), later not
-    assert len(kl) == 4 and kl[-1] > 0, kl
-    _assert_only_adapted_layers_moved(assets, straight_dir, 4)
+    assert len(kl) == 2 and kl[-1] > 0, kl
+    _assert_only_adapted_layers_moved(assets, straight_dir, 2)
     _, first = run_job(assets, redis_server, split_dir, actor_rollout_ref=LORA,
-                       trainer={"total_training_steps": 2, "save_freq": 2, **QUIET})
+                       trainer={"total_training_steps": 1, "save_freq": 1, **QUIET})
     _, resumed = run_job(assets, redis_server, split_dir, actor_rollout_ref=LORA,
-                         trainer={"total_training_steps": 4, "save_freq": 4, **QUIET})
+                         trainer={"total_training_steps": 2, "save_freq": 2, **QUIET})
     assert first.state == resumed.state == JobState.SUCCEEDED, resumed.reason
-    assert len(series(resumed, "actor/pg_loss")) == 2
-    expected, actual = _adapter(straight_dir, 4), _adapter(split_dir, 4)
+    assert len(series(resumed, "actor/pg_loss")) == 1
+    expected, actual = _adapter(straight_dir, 2), _adapter(split_dir, 2)
     assert set(expected) == set(actual)
     for name, tensor in expected.items():
         assert torch.max(torch.abs(tensor - actual[name])) <= 1e-6, name

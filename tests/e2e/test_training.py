@@ -73,8 +73,8 @@ def test_grpo_two_ranks_reward_rises(ray_session: None, assets: Path,
 
 
 def scheduler_plan(workflow: str) -> scheduler_pb2.Plan:
-    """What the scheduler plans for one machine with 2 slots (PPO: the actor and the critic
-    updates on different ranks, the shared upstream on both)."""
+    """What the scheduler plans for one machine with 2 slots (PPO: every node on both ranks,
+    the split rules' actor and critic pieces getting one rank each would only tie)."""
     cluster = Cluster.homogeneous(1, RANKS, device_kind="cpu")
     return make_plan(load_workflow(workflow), cluster).to_proto()
 
@@ -115,17 +115,17 @@ def test_resume_ends_where_an_uninterrupted_run_ends(ray_session: None, assets: 
                                                      tmp_path: Path) -> None:
     quiet = {"val_before_train": False, "test_freq": -1}
     _, straight = run_job(assets, redis_server, tmp_path / "straight",
-                          trainer={"total_training_steps": 4, "save_freq": 4, **quiet})
-    # the same job stopped after step 2 (a constant LR schedule does not depend on the
-    # planned total), then resumed to step 4
+                          trainer={"total_training_steps": 2, "save_freq": 2, **quiet})
+    # the same job stopped after step 1 (a constant LR schedule does not depend on the
+    # planned total), then resumed to step 2
     _, first = run_job(assets, redis_server, tmp_path / "split",
-                       trainer={"total_training_steps": 2, "save_freq": 2, **quiet})
+                       trainer={"total_training_steps": 1, "save_freq": 1, **quiet})
     _, resumed = run_job(assets, redis_server, tmp_path / "split",
-                         trainer={"total_training_steps": 4, "save_freq": 4, **quiet})
+                         trainer={"total_training_steps": 2, "save_freq": 2, **quiet})
     assert straight.state == first.state == resumed.state == JobState.SUCCEEDED
-    assert len(series(resumed, "critic/score/mean")) == 2
-    expected = _actor_weights(tmp_path / "straight" / "ckpt", 4)
-    actual = _actor_weights(tmp_path / "split" / "ckpt", 4)
+    assert len(series(resumed, "critic/score/mean")) == 1
+    expected = _actor_weights(tmp_path / "straight" / "ckpt", 2)
+    actual = _actor_weights(tmp_path / "split" / "ckpt", 2)
     for name, tensor in expected.items():
         assert torch.max(torch.abs(tensor - actual[name])) <= 1e-6, name
 
@@ -135,11 +135,11 @@ def test_killed_worker_restarts_from_checkpoint(ray_session: None, assets: Path,
                                                 tmp_path: Path) -> None:
     _driver, outcome = run_job(
         assets, redis_server, tmp_path, kill_after_checkpoint=True,
-        trainer={"total_training_steps": 6, "save_freq": 1, "val_before_train": False,
+        trainer={"total_training_steps": 4, "save_freq": 1, "val_before_train": False,
                  "test_freq": -1})
     assert outcome.state == JobState.SUCCEEDED, outcome.reason
     assert outcome.restarts == 1
-    assert outcome.last_step == 6
+    assert outcome.last_step == 4
 
 
 def split_plan() -> scheduler_pb2.Plan:

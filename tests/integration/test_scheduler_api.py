@@ -156,7 +156,9 @@ def test_a_cluster_too_small_is_resource_exhausted(make_server: ServerFactory) -
     client = stub(make_server())
     cluster = scheduler_pb2.ClusterSpec(nodes=[scheduler_pb2.ClusterNode(
         name="n0", device_count=1, device_kind="cpu")])
-    spec = scheduler_pb2.JobSpec(overrides=["workflow.source=ppo", MODEL])
+    # two agents spread need a rank each (ppo fits on one: its actor and critic colocate)
+    spec = scheduler_pb2.JobSpec(overrides=["workflow.source=two_agent",
+                                            "workflow.agent_placement=spread", MODEL])
     with pytest.raises(grpc.RpcError) as caught:
         client.PlanJob(scheduler_pb2.PlanJobRequest(spec=spec, cluster=cluster), timeout=10)
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

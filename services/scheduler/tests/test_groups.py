@@ -51,9 +51,11 @@ def test_every_model_node_has_a_group_and_every_node_a_layout() -> None:
 
 
 def test_tp_size_sets_the_layout_and_the_rank_granularity() -> None:
+    # 30B + 10B on 16 ranks: 12 + 4 is exactly proportional, so the split is kept (`choice`);
+    # with 1B for small, the minimums would make every node on every rank cheaper
     graph = chain_graph({"prompts": [], "big": ["prompts"], "small": ["prompts"]},
                         config={"big": {"model_params": "30B", "tp_size": 4},
-                                "small": {"model_params": "1B"}})
+                                "small": {"model_params": "10B"}})
     plan = make_plan(graph, Cluster.homogeneous(2, 8))
     big = next(layout for layout in plan.layouts if layout.node_id == "big")
     assert (big.dp_size, big.tp_size, len(big.ranks)) == (3, 4, 12)
@@ -133,7 +135,9 @@ def test_spread_puts_each_agent_on_ranks_of_its_own_and_says_so() -> None:
                      for r in plan.layout(n.node_id).ranks} for agent in (0, 1)}
     assert ranks == {0: {0, 1}, 1: {2, 3}}
     assert any("agent 0 on ranks 0-1; agent 1 on ranks 2-3" in note for note in plan.notes)
-    colocated = make_plan(graph, Cluster.homogeneous(1, 4))
+    # colocate: agent 1 sees rollout.n = 4 times agent 0's rows, so on 4 ranks the split
+    # rules' pieces would cost more than every node on every rank (test_agent_split.py)
+    colocated = make_plan(graph, Cluster.homogeneous(1, 4), samples_per_prompt=4)
     assert all(layout.ranks == (0, 1, 2, 3) for layout in colocated.layouts)
     with pytest.raises(InsufficientResourcesError, match="agent_placement=colocate"):
         make_plan(graph, Cluster.homogeneous(1, 1), agent_placement="spread")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dagrl.workflow import load_workflow
-from dagrl_scheduler.planning.split import split_agents, split_workflow
+from dagrl_scheduler.planning.split import split_agents, split_workflow, unsplit_pieces
 
 from .workflows import as_sets, chain_graph
 
@@ -83,10 +83,13 @@ def test_every_node_lands_in_some_piece_and_pieces_follow_topological_order() ->
         assert list(piece) == sorted(piece, key=order.index)
 
 
-def test_agents_colocate_in_one_piece_or_spread_into_pieces_of_their_own() -> None:
+def test_agents_keep_the_rule_made_pieces_colocated_or_divide_them_spread() -> None:
     graph = load_workflow("two_agent")
-    assert split_agents(graph, "colocate") == (graph.topological_order(),)
+    assert split_agents(graph, "colocate") == split_workflow(graph)  # reward fans out: 2
+    assert len(split_workflow(graph)) == 2
+    assert unsplit_pieces(graph, "colocate") == (graph.topological_order(),)
     spread = split_agents(graph, "spread")
+    assert unsplit_pieces(graph, "spread") == spread  # each agent's nodes are one chain
     assert [{graph[n].agent_group for n in piece} for piece in spread] == [{0}, {1}]
     assert set(spread[0]) | set(spread[1]) == set(graph.node_ids)
     assert not set(spread[0]) & set(spread[1])

@@ -5,8 +5,8 @@
 
 Modules, in the order `make_plan` uses them: `split` (irreducible subgraphs), `demands` (cost
 and needs from node config), `apportion` (ranks per subgraph), `placement` (ranks on machines),
-`groups` (process groups, layouts), `plan` (the result and its proto form). No I/O, no Redis,
-no gRPC server here.
+`groups` (process groups, layouts), `plan` (the result and its proto form), `choice` (the
+split plan or the workflow unsplit, by cost). No I/O, no Redis, no gRPC server here.
 """
 
 from dagrl_scheduler.planning.apportion import Allotment, Share, apportion, largest_remainder

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from dagrl.config import NodeConfig, node_config
@@ -65,6 +66,12 @@ class NodeDemand:
     def granule(self) -> int:
         """Ranks come in multiples of tp x pp (one data-parallel replica)."""
         return self.tp_size * self.pp_size
+
+
+def piece_granule(node_ids: Iterable[str], demands: Mapping[str, NodeDemand]) -> int:
+    """A subgraph's ranks come in multiples of this: the lcm of its nodes' tp x pp, so each
+    node's layout fits them."""
+    return math.lcm(*(demands[n].granule for n in node_ids))
 
 
 def parse_size(value: object) -> float:

@@ -2,24 +2,39 @@
 
     split into subgraphs -> cost and needs per subgraph -> apportion ranks -> place ranks on
     machines -> number ranks -> process groups -> per-node layouts
+
+done twice, for the pieces the split rules make and for the workflow unsplit; `choice` keeps
+the one that runs a step sooner by the cost model.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 from dagrl.config import AgentPlacement
 from dagrl.workflow import TaskGraph
 from dagrl_scheduler.planning.apportion import Share, apportion
+from dagrl_scheduler.planning.choice import choose, node_weights, noted
 from dagrl_scheduler.planning.cluster import Cluster, Pool, Requirement, eligible_pools, pools
-from dagrl_scheduler.planning.demands import NodeDemand, node_demands
+from dagrl_scheduler.planning.demands import NodeDemand, node_demands, piece_granule
 from dagrl_scheduler.planning.errors import InsufficientResourcesError, PlanningError
 from dagrl_scheduler.planning.groups import layouts, node_ranks, process_groups
 from dagrl_scheduler.planning.placement import SlotRun, pack_pool, spread_over_pools
 from dagrl_scheduler.planning.plan import Plan, RankPlacement, SubgraphPlan
-from dagrl_scheduler.planning.split import split_agents, split_rollout_side
+from dagrl_scheduler.planning.split import split_agents, split_rollout_side, unsplit_pieces
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """What every candidate plan of one `make_plan` call shares."""
+
+    graph: TaskGraph
+    cluster: Cluster
+    demands: Mapping[str, NodeDemand]
+    unit: str
+    placement: AgentPlacement
 
 
 def make_plan(graph: TaskGraph, cluster: Cluster, *, source: str | None = None,
@@ -30,32 +45,58 @@ def make_plan(graph: TaskGraph, cluster: Cluster, *, source: str | None = None,
     `source` names the workflow file in error messages; `agent_placement` says how the agents
     of a multi-agent workflow share ranks (`split.split_agents`); `samples_per_prompt`
     (rollout.n) weighs the nodes of chained agents, which see n times the rows of the agent
-    before them (`demands`). `split_rollout` plans two subgraphs, the rollout side (subgraph 0)
-    and the training side (`split.split_rollout_side`), on ranks of their own: `rollout_ranks`
-    of them for the rollout side, or its share by cost.
+    before them (`demands`). The pieces the split rules make get ranks of their own unless
+    the workflow unsplit runs a step sooner by the cost model (`choice`; the plan's notes say
+    which). `split_rollout` plans two subgraphs, the rollout side (subgraph 0) and the training
+    side (`split.split_rollout_side`), on ranks of their own: `rollout_ranks` of them for the
+    rollout side, or its share by cost.
     """
-    pieces = (split_rollout_side(graph) if split_rollout
-              else split_agents(graph, agent_placement))
     demands, unit = node_demands(graph, source, samples_per_prompt)
+    inputs = _Inputs(graph, cluster, demands, unit, agent_placement)
+    if split_rollout:
+        return _plan_pieces(inputs, split_rollout_side(graph), rollout_ranks)
+    pieces = split_agents(graph, agent_placement)
+    unsplit_nodes = unsplit_pieces(graph, agent_placement)
+    if pieces == unsplit_nodes:
+        return _plan_pieces(inputs, pieces)
+    try:
+        split = _plan_pieces(inputs, pieces)
+    except InsufficientResourcesError as too_few:  # fewer ranks than pieces: run them unsplit
+        try:
+            unsplit = _plan_pieces(inputs, unsplit_nodes)
+        except (InsufficientResourcesError, PlanningError):
+            raise too_few from None
+        return noted(unsplit, f"the workflow unsplit: the {len(pieces)} subgraphs the split rules "
+                              f"make do not fit the cluster ({str(too_few)[:200]})")
+    try:
+        unsplit = _plan_pieces(inputs, unsplit_nodes)
+    except PlanningError as exc:
+        return noted(split, f"subgraphs on ranks of their own: the workflow unsplit cannot be "
+                            f"planned ({exc})")
+    return choose(graph, split, unsplit, demands, unit)
+
+
+def _plan_pieces(inputs: _Inputs, pieces: tuple[tuple[str, ...], ...],
+                 rollout_ranks: int | None = None) -> Plan:
+    """The plan that gives each of `pieces` ranks of its own; `rollout_ranks` pins piece 0."""
+    graph, cluster, demands, unit = inputs.graph, inputs.cluster, inputs.demands, inputs.unit
     holders = _holders(pieces)
-    with _suggest_other_placement(graph, agent_placement, demands):
+    with _suggest_other_placement(graph, inputs.placement, demands):
         requirements = [_requirement(graph, piece, demands) for piece in pieces]
     all_pools = pools(cluster)
     eligible = [eligible_pools(req, cluster, all_pools) for req in requirements]
     _check_eligible(pieces, requirements, eligible, cluster)
-    if unit == "none":  # no sizes given: weigh each piece by the rows it processes
-        costs = [float(max(demands[n].rows for n in piece)) for piece in pieces]
-    else:
-        costs = [sum(demands[n].cost / holders[n] for n in piece) for piece in pieces]
+    weights = node_weights(demands, unit)
+    costs = [sum(weights[n] / holders[n] for n in piece) for piece in pieces]
     pins = [_pinned(graph, piece, demands, holders) for piece in pieces]
-    if split_rollout and rollout_ranks is not None:
+    if rollout_ranks is not None:
         pins[0] = _rollout_pin(graph, pieces[0], pins[0], rollout_ranks, demands)
     shares = [
-        Share(cost, _granule(piece, demands), pins[i], eligible[i], _label(i, piece),
+        Share(cost, piece_granule(piece, demands), pins[i], eligible[i], _label(i, piece),
               requirements[i].describe())
         for i, (piece, cost) in enumerate(zip(pieces, costs, strict=True))
     ]
-    with _suggest_other_placement(graph, agent_placement, demands):
+    with _suggest_other_placement(graph, inputs.placement, demands):
         allotments = apportion(shares, [pool.capacity for pool in all_pools])
     counts = [a.ranks for a in allotments]
     runs = _place(counts, eligible, all_pools, cluster)
@@ -76,7 +117,7 @@ def make_plan(graph: TaskGraph, cluster: Cluster, *, source: str | None = None,
         layouts=layouts(graph, ranks_of, demands, groups, pieces),
         idle_slots=cluster.total_slots - world,
         notes=(*_notes(unit, requirements, cluster, world),
-               *_agent_notes(graph, ranks_of, agent_placement)),
+               *_agent_notes(graph, ranks_of, inputs.placement)),
     )
 
 
@@ -127,10 +168,6 @@ def _requirement(graph: TaskGraph, piece: Sequence[str],
     return Requirement(kinds[0] if kinds else "", memory)
 
 
-def _granule(piece: Sequence[str], demands: Mapping[str, NodeDemand]) -> int:
-    return math.lcm(*(demands[n].granule for n in piece))
-
-
 def _pinned(graph: TaskGraph, piece: Sequence[str], demands: Mapping[str, NodeDemand],
             holders: Mapping[str, int]) -> int | None:
     """The exact rank count that dp_size sets for this piece, if any node sets it."""
@@ -153,7 +190,7 @@ def _pinned(graph: TaskGraph, piece: Sequence[str], demands: Mapping[str, NodeDe
     if not sizes:
         return None
     pinned = next(iter(sizes.values()))
-    granule = _granule(piece, demands)
+    granule = piece_granule(piece, demands)
     if pinned % granule:
         raise PlanningError(
             f"dp_size x tp_size x pp_size = {pinned} ranks is not a multiple of {granule}, the "
@@ -171,7 +208,7 @@ def _rollout_pin(graph: TaskGraph, piece: Sequence[str], pinned: int | None, wan
         raise PlanningError(f"workflow.rollout_ranks = {wanted} but the rollout side's dp_size x "
                             f"tp_size x pp_size asks for {pinned} ranks; make them agree",
                             where=where)
-    granule = _granule(piece, demands)
+    granule = piece_granule(piece, demands)
     if wanted % granule:
         raise PlanningError(f"workflow.rollout_ranks = {wanted} is not a multiple of {granule}, "
                             "the tp_size x pp_size of the rollout side's nodes", where=where)
@@ -250,9 +287,9 @@ def _notes(unit: str, requirements: Sequence[Requirement], cluster: Cluster,
            world: int) -> tuple[str, ...]:
     notes = []
     if unit == "none":
-        notes.append("no node gives model_params or flops: subgraphs share ranks by the rows "
-                     "they process (equally, but a chained agent sees rollout.n times the "
-                     "samples of the agent before it)")
+        notes.append("no node gives model_params or flops: each node costs the rows it "
+                     "processes (a chained agent's nodes see rollout.n times the samples of the "
+                     "agent before it); a node in k subgraphs adds 1/k of its cost to each")
     elif unit == "params":
         notes.append("cost = model_params x passes (3 for training nodes, 2 for an LLM judge, 1 "
                      "for forward-only, reference, reward-model and other inference nodes) x "

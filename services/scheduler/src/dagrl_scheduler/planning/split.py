@@ -14,9 +14,15 @@ A linear chain, and a diamond that fans out from one entry and joins again befor
 stay whole: there the branches share both ends, so no piece would be smaller. Duplicate pieces
 are dropped. A node that ends up in several pieces runs on the union of their ranks.
 
-A multi-agent workflow is first divided by agent (`split_agents`): `colocate` keeps it whole
-(every agent on every rank), `spread` gives each agent group's nodes pieces of their own, so
-each agent gets ranks of its own; the rules then apply within each agent's nodes.
+Agent labels (`agent_group`) never change the rules: they see the whole graph, labelled or
+not. `workflow.agent_placement` acts on the pieces they make (`split_agents`): `colocate`
+keeps them as they are, so a multi-agent workflow splits exactly as its unlabelled twin does;
+`spread` divides each piece by agent (a piece restricted to one agent's nodes), so no piece
+mixes agents and each agent gets ranks of its own; a restriction contained in another of the
+same agent is dropped (its nodes already run on that one's ranks). Whether the pieces then
+get ranks of their own, or the workflow runs as `unsplit_pieces` (every node on every rank;
+under `spread`, every node of an agent on all of its agent's ranks), the planner decides by
+cost (`choice`), the same way with and without labels.
 
 Asynchronous training (`workflow.split_rollout`, `split_rollout_side`) first cuts the workflow
 into its rollout and training sides (`dagrl.workflow.sides`), one piece each: the sides
@@ -79,19 +85,23 @@ def split_agents(graph: TaskGraph, placement: AgentPlacement) -> tuple[tuple[str
     """The pieces of a workflow whose agents are placed by `placement` (see the docstring).
 
     A node belongs to its `agent_group`: give a shared node (a reward, say) the agent group
-    whose ranks should run it. Pieces come agent by agent (placement then numbers ranks, the
-    largest piece first on a machine).
+    whose ranks should run it. Under `spread` pieces come agent by agent, each agent's in the
+    order of the pieces they come from.
     """
-    agents = graph.agent_groups()
-    if len(agents) == 1:
-        return split_workflow(graph)
-    if placement == "colocate":
+    pieces = split_workflow(graph)
+    if placement == "colocate" or len(graph.agent_groups()) == 1:
+        return pieces
+    return tuple(part for agent in graph.agent_groups()
+                 for part in _restrict(pieces, _agent_nodes(graph, agent)))
+
+
+def unsplit_pieces(graph: TaskGraph, placement: AgentPlacement) -> tuple[tuple[str, ...], ...]:
+    """The pieces with no split rule applied: the whole graph, or under `spread` each agent's
+    nodes (in topological order)."""
+    if placement == "colocate" or len(graph.agent_groups()) == 1:
         return (graph.topological_order(),)
-    pieces: list[tuple[str, ...]] = []
-    for agent in agents:
-        own = graph.subgraph(n.node_id for n in graph.nodes if n.agent_group == agent)
-        pieces.extend(split_workflow(own))
-    return tuple(pieces)
+    return tuple(tuple(n for n in graph.topological_order() if n in own)
+                 for own in (_agent_nodes(graph, a) for a in graph.agent_groups()))
 
 
 def split_rollout_side(graph: TaskGraph) -> tuple[tuple[str, ...], ...]:
@@ -99,6 +109,20 @@ def split_rollout_side(graph: TaskGraph) -> tuple[tuple[str, ...], ...]:
     a rank."""
     sides = split_sides(graph)
     return (sides.rollout, sides.training)
+
+
+def _agent_nodes(graph: TaskGraph, agent: int) -> frozenset[str]:
+    return frozenset(n.node_id for n in graph.nodes if n.agent_group == agent)
+
+
+def _restrict(pieces: tuple[tuple[str, ...], ...],
+              own: frozenset[str]) -> list[tuple[str, ...]]:
+    """Each piece's nodes in `own`, in order; empty, repeated and contained ones dropped."""
+    parts = list(dict.fromkeys(part for piece in pieces
+                               if (part := tuple(n for n in piece if n in own))))
+    sets = [frozenset(part) for part in parts]
+    return [part for part, members in zip(parts, sets, strict=True)
+            if not any(members < other for other in sets)]
 
 
 def _split_once(dag: _Dag, piece: int) -> list[int] | None:
