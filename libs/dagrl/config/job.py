@@ -373,8 +373,9 @@ class TrainerConfig:
 class WorkflowConfig:
     source: str = option("grpo", "built-in workflow name or path to a workflow YAML")
     agent_placement: AgentPlacement = option(
-        "colocate", "multi-agent workflows: colocate (all agents on every rank) or spread "
-        "(each agent on ranks of its own)")
+        "colocate", "multi-agent workflows: colocate (agents share ranks: the split rules and "
+        "the cost model place the pieces as for an unlabelled graph) or spread (each agent on "
+        "ranks of its own)")
     split_rollout: bool | None = option(
         None, "the rollout side (rollout and what needs only its output: reward, advantage, "
         "dynamic sampling) on ranks of its own, the training side on the rest; None: when "
