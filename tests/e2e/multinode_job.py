@@ -14,6 +14,8 @@ distinct device kinds and no machine names. These jobs run on it:
   heterogeneous plan), rollout on its own machine, a Redis per machine: the rollout side's
   shards are all on `kind-a`'s instance, and the training side writes none;
 - `too_big`: a plan for three machines, which the cluster cannot hold: it must fail at start;
+- `held`: the `spread` job while something else holds one node's CPU (a placement group): the
+  nodes exist but are not free, so it fails after `trainer.placement_timeout_s` (3 s);
 - `submitted`: `dagrl submit --watch` of the `kinds` job, with no cluster described, to a
   scheduler service whose drivers join the cluster (`ray_address`): the scheduler plans for
   the live Ray nodes (their kinds from the labels), the driver binds each planned machine to
@@ -33,6 +35,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +47,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import ray
 from ray.cluster_utils import Cluster as RayTestCluster
+from ray.util.placement_group import placement_group, remove_placement_group
 
 from dagrl.cli.main import main as cli_main
 from dagrl.jobs import JobRecord, JobState, JobStore
@@ -53,14 +57,14 @@ from dagrl_scheduler.config import SchedulerConfig
 from dagrl_scheduler.planning import Cluster, ClusterNode, make_plan
 from dagrl_scheduler.server import SchedulerServer
 from dagrl_worker.driver import Driver
-from dagrl_worker.placement import LABEL_DEVICE_KIND
+from dagrl_worker.placement import LABEL_DEVICE_KIND, NODE_ID_LABEL
 from dagrl_worker.spec import WorkerSpec
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grpo_arith.yaml"
 
 
-def job_config(assets: Path, work: Path, split: bool,
-               buffer_per_machine: bool = False) -> dict[str, Any]:
+def job_config(assets: Path, work: Path, split: bool, buffer_per_machine: bool = False,
+               placement_timeout_s: float = 20) -> dict[str, Any]:
     config = yaml.safe_load(EXAMPLE.read_text())
     config["data"].update(train_files=[str(assets / "data" / "train.parquet")],
                           val_files=[str(assets / "data" / "val.parquet")],
@@ -69,7 +73,7 @@ def job_config(assets: Path, work: Path, split: bool,
     config["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] = 16
     config["trainer"].update(total_training_steps=2, val_before_train=False, test_freq=-1,
                              save_freq=-1, default_local_dir=str(work), nnodes=2,
-                             n_ranks_per_node=1, placement_timeout_s=20)
+                             n_ranks_per_node=1, placement_timeout_s=placement_timeout_s)
     if split:
         config["workflow"]["split_rollout"] = True
     if buffer_per_machine:
@@ -185,6 +189,19 @@ def lose_a_node(name: str, config: dict[str, Any], cluster: RayTestCluster, redi
             "buffer_bytes": outcome.machine_buffer_bytes}
 
 
+def while_a_node_is_held(job: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """`job()` while a placement group holds the CPU of one worker node."""
+    node = next(n["NodeID"] for n in ray.nodes()
+                if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) >= 1)
+    group = placement_group([{"CPU": 1}], strategy="STRICT_PACK",
+                            bundle_label_selector=[{NODE_ID_LABEL: node}])
+    ray.get(group.ready(), timeout=60)
+    try:
+        return job()
+    finally:
+        remove_placement_group(group)
+
+
 def _node_labels(node_id: str) -> dict[str, str]:
     return next(dict(n.get("Labels") or {}) for n in ray.nodes() if n["NodeID"] == node_id)
 
@@ -212,6 +229,9 @@ def main(assets: Path, redis_url: str, work: Path) -> dict[str, Any]:
                          redis_url, work, True),
             "too_big": run("too_big", job_config(assets, work, False), "",
                            Cluster.homogeneous(3, 1), redis_url, work, False),
+            "held": while_a_node_is_held(lambda: run(
+                "held", job_config(assets, work, False, placement_timeout_s=3), "", plain,
+                redis_url, work, False)),
             "submitted": submit(job_config(assets, work / "submitted", True), redis_url,
                                 work, cluster.address),
             "node_lost": lose_a_node("node_lost", job_config(assets, work, False, True), cluster,

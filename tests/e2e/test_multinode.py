@@ -78,6 +78,15 @@ def test_a_plan_the_cluster_cannot_hold_fails_at_start(cluster_runs: dict) -> No
     assert run["seconds"] < 30 and run["rank_nodes"] == []
 
 
+def test_a_plan_whose_nodes_stay_taken_fails_after_the_placement_timeout(
+        cluster_runs: dict) -> None:
+    run = cluster_runs["held"]
+    assert run["state"] == "FAILED"
+    assert "got no resources on their Ray node within 3 s (trainer.placement_timeout_s)" in \
+        run["reason"], run["reason"]
+    assert 3 <= run["seconds"] < 30 and run["rank_nodes"] == []
+
+
 def test_dagrl_submit_without_a_cluster_plans_for_the_live_ray_nodes(cluster_runs: dict) -> None:
     """No `--nodes`/`--cluster`: the scheduler read the Ray nodes (kinds from their labels),
     planned a machine on each, and the driver bound every machine to the node it came from."""
