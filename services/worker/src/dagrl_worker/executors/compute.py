@@ -13,6 +13,7 @@ from dagrl import telemetry
 from dagrl.algorithms import AdvantageInputs, apply_kl_penalty, compute_advantage, kl_penalty
 from dagrl.batch import Batch
 from dagrl.batch.layout import concat_aligned
+from dagrl.config.reward import LEARNED_SOURCES
 from dagrl.rewards.combine import combine_scores
 from dagrl.rewards.overlong import overlong_penalty
 from dagrl_worker.executors.base import StepContext, response_tokens, sequence_scores
@@ -42,7 +43,9 @@ class RewardExecutor:
             return batch
         mask = batch.tensors["response_mask"]  # [B, R]
         weights = self.sources.config.weights(validating=ctx.validating)
-        texts = self._decode(batch.tensors["responses"], mask, skip_special_tokens=True)
+        # only the rule and the remote service read texts (a model's scores are upstream's)
+        texts = self._decode(batch.tensors["responses"], mask, skip_special_tokens=True) \
+            if set(weights) - set(LEARNED_SOURCES) else []
         # the remote service sees the prompt as the policy did, chat template included
         prompts = self._decode(batch.tensors["prompts"], _prompt_mask(batch),
                                skip_special_tokens=False) if "remote" in weights else []
