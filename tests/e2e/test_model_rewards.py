@@ -1,10 +1,11 @@
 """Rewards from models, through the real driver, Ray, gloo and the databuffer on 2 ranks.
 
-- GRPO whose only reward is the demo's tiny trained reward model (`examples/grpo_arith_rm.yaml`,
-  `reward.sources: {rm: 1.0}`) climbs the RM's score; validation is scored by the rule. The
-  issue's target, +10 points of rule-scored accuracy in the demo's 100 steps, is NOT met: the
-  policy games the tiny RM (its best-scored sample of 8 is right ~54-64 % of the time, about
-  the policy's own greedy accuracy), and 100 steps took accuracy 62.5 % -> 39 %.
+- The demo's tiny trained reward model ranks the policy's own samples, and GRPO whose only
+  reward is that RM (`examples/grpo_arith_rm.yaml`, `reward.sources: {rm: 1.0}`) climbs the
+  RM's score; validation is scored by the rule. The issue's target, +10 points of rule-scored
+  accuracy, needs the demo's RM (600 steps) and the example's 100 GRPO steps (measured
+  51.5 % -> 63 %, see the example's header), too long for this tier, so the short run here
+  only reports it.
 - A judge-scored run (the policy's own base as the judge) completes with finite scores and the
   judge's metrics.
 """
@@ -25,6 +26,7 @@ from .test_training import run_job, series
 
 pytestmark = pytest.mark.e2e
 RM_STEPS = 12
+RM_TRAIN_STEPS = 200
 JUDGE_STEPS = 2
 JUDGE_WORKFLOW = """\
 dag_id: grpo_judge
@@ -42,10 +44,25 @@ nodes:
 
 
 @pytest.fixture(scope="session")
-def rm_assets(assets: Path) -> Path:
-    """The demo's tiny reward model, trained beside the test assets' policy."""
-    prepare_reward_model(assets, RewardModelRecipe(steps=80))  # fewer steps than the demo's
+def rm_figures(assets: Path) -> dict[str, float]:
+    """The demo's tiny reward model, trained beside the test assets' policy (a third of the
+    demo's steps and a quarter of its sampled prompts); its held-out figures."""
+    return prepare_reward_model(assets, RewardModelRecipe(steps=RM_TRAIN_STEPS,
+                                                          policy_prompts=128))
+
+
+@pytest.fixture(scope="session")
+def rm_assets(assets: Path, rm_figures: dict[str, float]) -> Path:
     return assets
+
+
+def test_the_reward_model_ranks_the_policys_own_samples(rm_figures: dict[str, float]) -> None:
+    """A right sample of the policy outscores a wrong one of the same prompt > 85 % of the time
+    (91.5 % measured; the old recipe's RM: 84 %). Best-of-8 by the RM beating the policy's
+    greedy accuracy (74.5 % vs 51.5 %) takes the demo's 600 steps; with the 200 here it does
+    not (61 % vs 62.5 % on 64 prompts)."""
+    assert rm_figures["rm_heldout_accuracy"] > 0.8, rm_figures
+    assert rm_figures["rm_heldout_pairwise_accuracy"] > 0.85, rm_figures
 
 
 def rm_workflow(assets: Path, tmp_path: Path) -> Path:
@@ -59,8 +76,8 @@ def rm_workflow(assets: Path, tmp_path: Path) -> Path:
 def test_grpo_on_the_reward_model_alone_climbs_its_score_and_validates_by_the_rule(
         ray_session: None, rm_assets: Path, redis_server: LocalRedis, tmp_path: Path) -> None:
     """The RM is the only training reward and the policy climbs it. Validation accuracy is the
-    rule's and is only reported here: the issue's +10 points is not met (the tiny RM is
-    exploited, see the module docstring and bench/README.md)."""
+    rule's and is only reported here: +10 points takes the example's 100 steps (module
+    docstring)."""
     _driver, outcome = run_job(
         rm_assets, redis_server, tmp_path, example="grpo_arith_rm",
         workflow={"source": str(rm_workflow(rm_assets, tmp_path))},
