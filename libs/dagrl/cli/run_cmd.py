@@ -34,6 +34,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from dagrl.checkpoint_paths import check_checkpoints
 from dagrl.cli.client import (
     SchedulerClient,
     build_job_spec,
@@ -47,7 +48,7 @@ from dagrl.local import LocalRedis, stop_process
 from dagrl.local.redis_server import free_port
 from dagrl.rpc.gen.common.v1 import common_pb2
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
-from dagrl.rpc.jobspec import load_config, validate_job
+from dagrl.rpc.jobspec import load_config, load_graph, validate_job
 
 _FINAL = {common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED,
           common_pb2.JOB_STATE_CANCELLED}
@@ -78,7 +79,9 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     spec = build_job_spec(args.file, args.overrides)
     validate_job(spec)  # before any service starts
-    require_engine(load_config(spec).actor_rollout_ref.rollout.name)  # the workers run here
+    config = load_config(spec)
+    require_engine(config.actor_rollout_ref.rollout.name)  # the workers run here
+    check_checkpoints(config, load_graph(spec, config)[0], args.file)  # and load from here
     with ending_signals() as signals:
         try:
             final, stop = _run_job(args, signals)

@@ -36,6 +36,7 @@ import torch.distributed as dist
 from dagrl import metrics_file, telemetry
 from dagrl.algorithms import AdaptiveKLController, FixedKLController, KLController
 from dagrl.batch import Batch
+from dagrl.checkpoint_paths import check_checkpoints
 from dagrl.config import JobConfig
 from dagrl.engines import require_engine
 from dagrl.envs import check_agent_nodes
@@ -167,6 +168,7 @@ class DAGWorker:
         """
         check_agent_nodes(self.graph)  # as the scheduler does; a Driver may run without it
         check_job(self.config, self.graph)
+        check_checkpoints(self.config, self.graph)
         _check_model_parallel(self.plan, self.my_nodes)
         _check_redraws_stay_local(self.graph, self.plan)
         if self.max_staleness is not None:
