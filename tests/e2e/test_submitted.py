@@ -5,6 +5,7 @@ run as their own processes; the scheduler launches the real job driver on that R
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -40,8 +41,20 @@ def ray_head(tmp_path: Path) -> Iterator[str]:
             [str(ray_bin), "start", "--head", "--block", f"--port={port}", "--num-cpus=4",
              "--include-dashboard=false", "--disable-usage-stats"],
             env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    deadline = time.time() + 60  # the scheduler plans for this cluster: it must be up
+    while not _accepts(port):
+        assert time.time() < deadline and process.poll() is None, "the Ray head did not start"
+        time.sleep(0.3)
     yield f"127.0.0.1:{port}"
     stop_process(process, grace_s=30)
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 @pytest.fixture

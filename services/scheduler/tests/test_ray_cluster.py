@@ -66,6 +66,6 @@ def test_a_cluster_too_small_fails_with_the_nodes_there_are() -> None:
 
 def test_an_unreachable_ray_address_is_a_clear_error() -> None:
     with pytest.raises(FailedPreconditionError) as caught:
-        read_ray_nodes("127.0.0.1:1", timeout_s=30)
+        read_ray_nodes("127.0.0.1:1", timeout_s=30, reach_s=1)
     assert str(caught.value).startswith("could not reach the Ray cluster at 127.0.0.1:1")
     assert "dagrl submit --nodes" in str(caught.value)

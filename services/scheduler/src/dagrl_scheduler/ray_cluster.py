@@ -9,8 +9,9 @@ machines wanted, the machines alternate between the kinds there are, so a workfl
 subgraphs need two kinds finds both. Each planned machine is named after its node
 (`dagrl.io/machine` when labelled, else `ray-<node id prefix>`). A cluster too small for the
 job fails the submission (FAILED_PRECONDITION) with the nodes there are, before any driver
-starts. Without a Ray address the cluster is `trainer.nnodes` x `trainer.n_ranks_per_node`
-of the job's device, as the scheduler always did (`specs.cluster_from_config`).
+starts; so does an address nothing answers at within 15 s (a head still starting gets that
+long). Without a Ray address the cluster is `trainer.nnodes` x `trainer.n_ranks_per_node` of
+the job's device, as the scheduler always did (`specs.cluster_from_config`).
 
 The nodes are read in a child process (`ray.init` would make the scheduler a Ray driver for
 its whole life) and kept for `CACHE_S`, so a burst of submissions asks Ray once.
@@ -34,6 +35,7 @@ from dagrl_scheduler.planning import Cluster, ClusterNode
 
 CACHE_S = 10.0
 READ_TIMEOUT_S = 60.0
+REACH_S = 15.0  # how long a Ray head that is still starting may take to accept connections
 _READ_NODES = """\
 import json, sys
 import ray
@@ -61,18 +63,15 @@ class RayClusterReader:
             return list(self._nodes)
 
 
-def read_ray_nodes(address: str, timeout_s: float = READ_TIMEOUT_S) -> list[dict[str, Any]]:
+def read_ray_nodes(address: str, timeout_s: float = READ_TIMEOUT_S,
+                   reach_s: float = REACH_S) -> list[dict[str, Any]]:
     """The raw `ray.nodes()` of the cluster at `address`; FailedPreconditionError when it
     cannot be read."""
     hint = ("check DAGRL_RAY_ADDRESS, or describe the cluster in the submission "
             "(`dagrl submit --nodes N --devices-per-node D`, or `--cluster FILE`)")
     host, _, port = address.rpartition(":")
-    if host and port.isdigit():  # a dead address fails here at once, not after Ray's retries
-        try:
-            socket.create_connection((host, int(port)), timeout=5).close()
-        except OSError as exc:
-            raise FailedPreconditionError(
-                f"could not reach the Ray cluster at {address} ({exc}); {hint}") from exc
+    if host and port.isdigit():  # a dead address fails here, not after Ray's long retries
+        _wait_reachable(host, int(port), address, hint, reach_s)
     try:
         done = subprocess.run([sys.executable, "-c", _READ_NODES, address],
                               capture_output=True, text=True, timeout=timeout_s)
@@ -88,6 +87,21 @@ def read_ray_nodes(address: str, timeout_s: float = READ_TIMEOUT_S) -> list[dict
     if not isinstance(nodes, list):
         raise FailedPreconditionError(f"the Ray cluster at {address} listed no nodes; {hint}")
     return nodes
+
+
+def _wait_reachable(host: str, port: int, address: str, hint: str, reach_s: float) -> None:
+    """Ray's GCS port accepts a connection within `reach_s`, or FailedPreconditionError."""
+    deadline = time.monotonic() + reach_s
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=2).close()
+            return
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise FailedPreconditionError(
+                    f"could not reach the Ray cluster at {address} within {reach_s:g} s "
+                    f"({exc}); {hint}") from exc
+            time.sleep(0.5)
 
 
 def cluster_from_ray(nodes: Sequence[RayNode], config: JobConfig) -> Cluster:
