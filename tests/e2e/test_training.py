@@ -6,6 +6,7 @@ colocated plan on 2 ranks (what the scheduler plans for one machine with 2 slots
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -110,22 +111,31 @@ def _actor_weights(root: Path, step: int) -> dict[str, torch.Tensor]:
                          / "model.safetensors"))
 
 
+def resume_folder(straight: Path, step: int, target: Path) -> Path:
+    """A run folder whose only checkpoint is `straight`'s of `step`: what a run stopped
+    after `step` leaves behind (the checkpoint is the same: it does not depend on the
+    planned total under a constant LR schedule)."""
+    root = target / "ckpt"
+    root.mkdir(parents=True)
+    shutil.copytree(checkpoint.step_dir(straight / "ckpt", step), checkpoint.step_dir(root, step))
+    (root / checkpoint.LATEST_FILE).write_text(str(step))
+    return target
+
+
 def test_resume_ends_where_an_uninterrupted_run_ends(ray_session: None, assets: Path,
                                                      redis_server: LocalRedis,
                                                      tmp_path: Path) -> None:
     quiet = {"val_before_train": False, "test_freq": -1}
     _, straight = run_job(assets, redis_server, tmp_path / "straight",
-                          trainer={"total_training_steps": 2, "save_freq": 2, **quiet})
-    # the same job stopped after step 1 (a constant LR schedule does not depend on the
-    # planned total), then resumed to step 2
-    _, first = run_job(assets, redis_server, tmp_path / "split",
-                       trainer={"total_training_steps": 1, "save_freq": 1, **quiet})
-    _, resumed = run_job(assets, redis_server, tmp_path / "split",
+                          trainer={"total_training_steps": 2, "save_freq": 1, **quiet})
+    # the same job resumed from its step-1 checkpoint in a folder of its own, to step 2
+    split = resume_folder(tmp_path / "straight", 1, tmp_path / "split")
+    _, resumed = run_job(assets, redis_server, split,
                          trainer={"total_training_steps": 2, "save_freq": 2, **quiet})
-    assert straight.state == first.state == resumed.state == JobState.SUCCEEDED
+    assert straight.state == resumed.state == JobState.SUCCEEDED
     assert len(series(resumed, "critic/score/mean")) == 1
     expected = _actor_weights(tmp_path / "straight" / "ckpt", 2)
-    actual = _actor_weights(tmp_path / "split" / "ckpt", 2)
+    actual = _actor_weights(split / "ckpt", 2)
     for name, tensor in expected.items():
         assert torch.max(torch.abs(tensor - actual[name])) <= 1e-6, name
 

@@ -16,7 +16,14 @@ from dagrl.engines import is_engine_installed
 from dagrl.jobs import JobState
 from dagrl.local import LocalRedis
 
-from .test_training import _actor_weights, run_job, scheduler_plan, series, split_plan
+from .test_training import (
+    _actor_weights,
+    resume_folder,
+    run_job,
+    scheduler_plan,
+    series,
+    split_plan,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
     not is_engine_installed("vllm"), reason="vllm is not installed (make install brings "
@@ -59,17 +66,16 @@ def test_vllm_resume_ends_where_an_uninterrupted_run_ends(ray_session: None, ass
                                                           tmp_path: Path) -> None:
     quiet = {"val_before_train": False, "test_freq": -1}
     _, straight = run_job(assets, redis_server, tmp_path / "straight", actor_rollout_ref=VLLM,
-                          trainer={"total_training_steps": 2, "save_freq": 2, **quiet})
-    _, first = run_job(assets, redis_server, tmp_path / "split", actor_rollout_ref=VLLM,
-                       trainer={"total_training_steps": 1, "save_freq": 1, **quiet})
-    _, resumed = run_job(assets, redis_server, tmp_path / "split", actor_rollout_ref=VLLM,
+                          trainer={"total_training_steps": 2, "save_freq": 1, **quiet})
+    split = resume_folder(tmp_path / "straight", 1, tmp_path / "split")
+    _, resumed = run_job(assets, redis_server, split, actor_rollout_ref=VLLM,
                          trainer={"total_training_steps": 2, "save_freq": 2, **quiet})
-    assert straight.state == first.state == resumed.state == JobState.SUCCEEDED
+    assert straight.state == resumed.state == JobState.SUCCEEDED
     assert len(series(resumed, "critic/score/mean")) == 1
     # the resumed engine starts from the checkpoint and samples the same tokens (seeds per
     # sample from the step and uid), so the updates are the same
     assert series(resumed, "critic/score/mean") == series(straight, "critic/score/mean")[1:]
     expected = _actor_weights(tmp_path / "straight" / "ckpt", 2)
-    actual = _actor_weights(tmp_path / "split" / "ckpt", 2)
+    actual = _actor_weights(split / "ckpt", 2)
     for name, tensor in expected.items():
         assert float((tensor - actual[name]).abs().max()) <= 1e-6, name

@@ -12,7 +12,8 @@ only when a job asks for `rollout.name: vllm` (`dagrl_worker.rollout.engines`).
   (`sample_seed(params.seed, uid)`) so a resumed run samples the same tokens.
 - Log-probs are vLLM's `processed_logprobs`: the distribution the token was drawn from
   (temperature, top-k, top-p applied), the same quantity `hf` reports.
-- Weights: `update_weights` reloads a bucket of HF-named tensors in place through vLLM's own
+- Weights: `update_weights` reloads a bucket of HF-named tensors, cast to the engine's dtype
+  (`rollout.dtype: bfloat16` under an fp32 actor), in place through vLLM's own
   `reload_weights` (the model's `load_weights` maps q/k/v and gate/up onto its fused layers
   and the CPU backend repacks). A bucket must hold every tensor of the layers it touches
   (`weight_sync` cuts buckets between decoder layers). `lm_head.weight` is sent even when
@@ -103,6 +104,7 @@ class VLLMRollout:
                 # every rank of a TP group runs this same engine: SPMD over our world
                 engine_args["distributed_executor_backend"] = "external_launcher"
         self.llm = LLM(**engine_args)
+        self.dtype = self.llm.llm_engine.model_config.dtype  # what "auto" resolved to
 
     @property
     def shares_actor_weights(self) -> bool:
@@ -162,7 +164,10 @@ class VLLMRollout:
 
     def update_weights(self, weights: NamedTensors) -> None:
         self.wake_up()
-        items = [(name, tensor) for name, tensor in weights]
+        # an fp32 actor feeding a bf16 engine: cast here, once, rather than have vLLM's
+        # loader convert (and warn about) every tensor
+        items = [(name, tensor.to(self.dtype) if tensor.is_floating_point() else tensor)
+                 for name, tensor in weights]
         self.llm.collective_rpc(_reload_weights, args=(items,))
 
     def sleep(self) -> None:
