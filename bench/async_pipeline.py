@@ -82,6 +82,9 @@ def plan_for(workflow: Any, split: bool) -> scheduler_pb2.Plan:
         ranks = [set(s.ranks) for s in plan.subgraphs]
         if len(ranks) != 2 or ranks[0] & ranks[1]:
             sys.exit(f"the split plan should have 2 subgraphs on disjoint ranks, got {ranks}")
+    elif [sorted(s.ranks) for s in plan.subgraphs] != [list(range(RANKS))]:
+        sys.exit("the colocated plan should be one subgraph on every rank, got "
+                 f"{[sorted(s.ranks) for s in plan.subgraphs]}")
     return plan.to_proto()
 
 
