@@ -169,7 +169,7 @@ def repack_seconds(state: dict[str, torch.Tensor]) -> float | None:
         return None
     linear = [t for name, t in state.items()
               if t.ndim == 2 and name.endswith(".weight") and "embed_tokens" not in name]
-    if not any(name == "lm_head.weight" for name in state):
+    if "lm_head.weight" not in state:
         raise SystemExit("the state has no lm_head.weight: the CPU engine repacks its own")
     passes = []
     for _ in range(3):

@@ -112,9 +112,8 @@ def _actor_weights(root: Path, step: int) -> dict[str, torch.Tensor]:
 
 
 def resume_folder(straight: Path, step: int, target: Path) -> Path:
-    """A run folder whose only checkpoint is `straight`'s of `step`: what a run stopped
-    after `step` leaves behind (the checkpoint is the same: it does not depend on the
-    planned total under a constant LR schedule)."""
+    """A run folder whose only checkpoint is `straight`'s of `step`: what the same job,
+    stopped after `step`, leaves behind."""
     root = target / "ckpt"
     root.mkdir(parents=True)
     shutil.copytree(checkpoint.step_dir(straight / "ckpt", step), checkpoint.step_dir(root, step))

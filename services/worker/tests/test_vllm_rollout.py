@@ -68,6 +68,16 @@ def _prompts(texts: list[str]):
 
 
 PROMPTS = ["12+34=", "7+8=", "100+23=", "5+5="]
+GREEDY = SamplingParams(n=1, max_new_tokens=12, do_sample=False)
+
+
+def _gap_to_actor(engine: VLLMRollout, model: torch.nn.Module) -> float:
+    """The largest |engine - actor| log-prob over the tokens of a greedy rollout of PROMPTS."""
+    out = engine.generate(_prompts(PROMPTS), GREEDY)
+    with torch.no_grad():
+        actor, _ = response_log_probs(model, out, temperature=1.0)
+    mask = out.tensors["response_mask"].bool()
+    return float((actor - out.tensors["rollout_log_probs"])[mask].abs().max())
 
 
 def test_greedy_tokens_and_log_probs_match_hf(checkpoint: Path, engine: VLLMRollout) -> None:
@@ -126,15 +136,11 @@ def test_layout_stops_at_eos_and_pads(engine: VLLMRollout) -> None:
 def test_update_weights_makes_the_engine_sample_from_the_new_policy(
         checkpoint: Path, engine: VLLMRollout) -> None:
     model, _ = load_model_and_tokenizer(checkpoint)
-    greedy = SamplingParams(n=1, max_new_tokens=12, do_sample=False)
     torch.manual_seed(0)
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.05)
-    stale = engine.generate(_prompts(PROMPTS), greedy)
-    actor, _ = response_log_probs(model, stale, temperature=1.0)
-    mask = stale.tensors["response_mask"].bool()
-    assert float((actor - stale.tensors["rollout_log_probs"])[mask].abs().max()) > 1e-2
+    assert _gap_to_actor(engine, model) > 1e-2  # stale
 
     state = model.state_dict()
     buckets = plan_buckets(specs_of(state.items()), bucket_bytes=100_000)
@@ -142,10 +148,7 @@ def test_update_weights_makes_the_engine_sample_from_the_new_policy(
     tensors = iter(state.items())
     for specs in buckets:
         engine.update_weights([next(tensors) for _ in specs])
-    fresh = engine.generate(_prompts(PROMPTS), greedy)
-    actor, _ = response_log_probs(model, fresh, temperature=1.0)
-    mask = fresh.tensors["response_mask"].bool()
-    assert float((actor - fresh.tensors["rollout_log_probs"])[mask].abs().max()) <= TOLERANCE
+    assert _gap_to_actor(engine, model) <= TOLERANCE
 
 
 def test_a_call_larger_than_one_engine_step_samples_with_seeds(engine: VLLMRollout) -> None:
@@ -198,10 +201,11 @@ def test_engine_settings_reach_the_engine(checkpoint: Path) -> None:
     assert settings.model_config.dtype == torch.float32
 
 
-def test_a_bf16_engine_under_an_fp32_actor_reloads_the_actors_weights(checkpoint: Path) -> None:
-    """`rollout.dtype: bfloat16` (the serving dtype) with an fp32 actor: the sync casts each
-    tensor to the engine's dtype, and the engine then samples from the new weights to within
-    bf16 rounding, far closer than before the sync."""
+def test_a_bf16_engine_under_an_fp32_actor_reloads_the_actors_weights(
+        checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rollout.dtype: bfloat16` (the serving dtype) with an fp32 actor: the sync hands vLLM's
+    reload tensors already cast to the engine's dtype, and the engine then samples from the
+    new weights to within bf16 rounding, far closer than before the sync."""
     tokenizer = build_char_tokenizer()
     engine = VLLMRollout(str(checkpoint), RolloutConfig(name="vllm", max_model_len=256,
                                                         dtype="bfloat16"),
@@ -212,17 +216,18 @@ def test_a_bf16_engine_under_an_fp32_actor_reloads_the_actors_weights(checkpoint
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.2)
-    greedy = SamplingParams(n=1, max_new_tokens=12, do_sample=False)
+    stale = _gap_to_actor(engine, model)
+    reloaded: list[torch.dtype] = []
+    rpc = engine.llm.collective_rpc
 
-    def gap() -> float:
-        out = engine.generate(_prompts(PROMPTS), greedy)
-        actor, _ = response_log_probs(model, out, temperature=1.0)
-        mask = out.tensors["response_mask"].bool()
-        return float((actor - out.tensors["rollout_log_probs"])[mask].abs().max())
+    def recording_rpc(method, args=(), **kwargs):
+        reloaded.extend(tensor.dtype for _, tensor in args[0])
+        return rpc(method, args=args, **kwargs)
 
-    stale = gap()
+    monkeypatch.setattr(engine.llm, "collective_rpc", recording_rpc)
     engine.update_weights(list(model.state_dict().items()))
-    fresh = gap()
+    assert reloaded and set(reloaded) == {torch.bfloat16}
+    fresh = _gap_to_actor(engine, model)
     # bf16 rounding of a perturbed tiny model: ~0.1 at the worst token (measured 0.13)
     assert fresh <= 0.3 and fresh < stale / 20, (fresh, stale)
 
