@@ -2,7 +2,10 @@
 
 Every job runs through the real job driver, Ray actors, gloo and a private redis-server on
 2 ranks, on the demo's tiny model (`make demo`'s assets); the first WARMUP steps are left
-out of every mean.
+out of every mean. Each comparison runs its two jobs ROUNDS times in the order A B B A (then
+again), and pools the steps of each: this machine's speed drifts over minutes, and a drift
+that slows the later job of a plain A B pair would bias the ratio; in A B B A a linear drift
+cancels.
 
 (a) The synchronous step on the split plan (rollout, reward and advantage on rank 0;
     log-probs, reference and the update on rank 1): rollout seconds a (the rollout side's
@@ -32,7 +35,7 @@ The script checks what it measures: the plans have the subgraphs and ranks state
 async runs really overlapped (the rollout of t + 1 started before the training of t ended)
 and kept the bound (staleness at most 1), and the multi-turn episodes took several turns.
 
-    .venv/bin/python bench/async_pipeline.py [--steps 16]
+    .venv/bin/python bench/async_pipeline.py [--steps 16] [--rounds 2] [--part all|split|multiturn]
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -88,18 +92,31 @@ def plan_for(workflow: Any, split: bool) -> scheduler_pb2.Plan:
     return plan.to_proto()
 
 
-def steady(outcome: JobOutcome) -> list[dict[str, float]]:
-    return [m for m in outcome.history if "perf/step_seconds" in m][WARMUP:]
+def steady(outcomes: list[JobOutcome]) -> list[dict[str, float]]:
+    """The steps of every job in `outcomes` after its first WARMUP."""
+    return [m for outcome in outcomes
+            for m in [m for m in outcome.history if "perf/step_seconds" in m][WARMUP:]]
 
 
-def step_seconds(outcome: JobOutcome) -> float:
-    return statistics.mean(m["perf/step_seconds"] for m in steady(outcome))
+def step_seconds(outcomes: list[JobOutcome]) -> float:
+    return statistics.mean(m["perf/step_seconds"] for m in steady(outcomes))
 
 
-def side_seconds(outcome: JobOutcome, workflow: Any) -> tuple[float, float]:
+def interleaved(run_a: Callable[[str], JobOutcome], run_b: Callable[[str], JobOutcome],
+                rounds: int) -> tuple[list[JobOutcome], list[JobOutcome]]:
+    """Each job `rounds` times, in the order A B B A A B ...: `run_x(suffix)` runs one."""
+    outcomes: tuple[list[JobOutcome], list[JobOutcome]] = ([], [])
+    for round_index in range(rounds):
+        order = (0, 1) if round_index % 2 == 0 else (1, 0)
+        for which in order:
+            outcomes[which].append((run_a, run_b)[which](f"-{round_index}"))
+    return outcomes
+
+
+def side_seconds(outcomes: list[JobOutcome], workflow: Any) -> tuple[float, float]:
     """(a, b): mean seconds of the rollout side's nodes and the training side's per step."""
     sides = split_sides(workflow)
-    rows = steady(outcome)
+    rows = steady(outcomes)
     a = statistics.mean(sum(m[f"timing_s/{n}"] for n in sides.rollout) for m in rows)
     # the weight sync is left out: on the split plan the rollout rank's share of it is
     # waiting for the update to end (the timing is the slowest rank's)
@@ -187,67 +204,97 @@ def multiturn_workflow(lean: bool) -> Path:
     return bench_file(f"{workflow['dag_id']}.yaml", yaml.safe_dump(workflow))
 
 
-def multiturn_rates(steps: int, lean: bool, redis_url: str,
+def multiturn_rates(steps: int, rounds: int, lean: bool, redis_url: str,
                     folder: Path) -> tuple[float, float, float]:
     """(async split samples/s, sync colocated samples/s, turns per episode) on the
     multi-turn workload."""
     workflow = load_workflow(str(multiturn_workflow(lean)))
     name = "mt-lean" if lean else "mt"
-    sync_config = multiturn_config(steps, None, lean)
-    sync = run_to_end(f"{name}-sync-colocated", sync_config, plan_for(workflow, False),
-                      redis_url, folder)
-    async_config = multiturn_config(steps, 1, lean)
-    overlapped = run_to_end(f"{name}-async-split", async_config, plan_for(workflow, True),
-                            redis_url, folder)
-    check_async(f"{name}-async-split", overlapped)
+    sync_config, async_config = (multiturn_config(steps, k, lean) for k in (None, 1))
+    colocated, split = plan_for(workflow, False), plan_for(workflow, True)
+    sync, overlapped = interleaved(
+        lambda suffix: run_to_end(f"{name}-sync-colocated{suffix}", sync_config, colocated,
+                                  redis_url, folder),
+        lambda suffix: checked_async(f"{name}-async-split{suffix}", async_config, split,
+                                     redis_url, folder),
+        rounds)
     turns = statistics.mean(m.get("num_turns/mean", 0.0) for m in steady(overlapped))
     if turns < 1.5:
         sys.exit(f"multi-turn episodes averaged {turns:.2f} assistant turns: not multi-turn")
     return samples_per_s(overlapped, async_config), samples_per_s(sync, sync_config), turns
 
 
-def samples_per_s(outcome: JobOutcome, config: dict[str, Any]) -> float:
+def checked_async(name: str, config: dict[str, Any], plan: scheduler_pb2.Plan,
+                  redis_url: str, folder: Path) -> JobOutcome:
+    outcome = run_to_end(name, config, plan, redis_url, folder)
+    check_async(name, outcome)
+    return outcome
+
+
+def samples_per_s(outcomes: list[JobOutcome], config: dict[str, Any]) -> float:
     samples = config["data"]["train_batch_size"] * config["actor_rollout_ref"]["rollout"]["n"]
-    return samples / step_seconds(outcome)
+    return samples / step_seconds(outcomes)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=16)
-    args = parser.parse_args()
-    start()
-    folder = ROOT / "outputs" / "bench_async"
+def split_figures(steps: int, rounds: int, redis_url: str, folder: Path) -> dict[str, float]:
+    """(a) and (b): printed, and their RESULT figures."""
     grpo = load_workflow(NO_REFERENCE_GRPO)
-    with LocalRedis() as redis:
-        split = plan_for(grpo, split=True)
-        sync = run_to_end("sync-split", grpo_config(args.steps, None), split, redis.url, folder)
-        overlapped = run_to_end("async-split", grpo_config(args.steps, 1), split, redis.url,
-                                folder)
-        check_async("async-split", overlapped)
-        example_mt = multiturn_rates(args.steps, False, redis.url, folder)
-        lean_mt = multiturn_rates(args.steps, True, redis.url, folder)
-    ray.shutdown()
-
+    split = plan_for(grpo, split=True)
+    sync, overlapped = interleaved(
+        lambda suffix: run_to_end(f"sync-split{suffix}", grpo_config(steps, None), split,
+                                  redis_url, folder),
+        lambda suffix: checked_async(f"async-split{suffix}", grpo_config(steps, 1), split,
+                                     redis_url, folder),
+        rounds)
     a, b = side_seconds(sync, grpo)
-    sync_step = step_seconds(sync)
+    sync_step, async_step = step_seconds(sync), step_seconds(overlapped)
     ideal = (a + b) / max(a, b)
-    speedup = sync_step / step_seconds(overlapped)
+    speedup = sync_step / async_step
     print(f"(a) sync step on the split plan {sync_step:.3f} s: rollout side a = {a:.3f} s, "
           f"training side b = {b:.3f} s, ideal overlap (a+b)/max(a,b) = {ideal:.3f}")
-    print(f"(b) async step {step_seconds(overlapped):.3f} s: async/sync {speedup:.3f}, "
+    print(f"(b) async step {async_step:.3f} s: async/sync {speedup:.3f}, "
           f"{speedup / ideal:.1%} of the ideal")
-    for label, (fast, slow, turns) in (("the example's workflow", example_mt),
-                                       ("lean: no reference, no old-log-prob pass", lean_mt)):
-        print(f"(c) multi-turn with env latency, {label} ({turns:.2f} turns/episode): async "
-              f"split {fast:.1f} samples/s, sync colocated {slow:.1f} samples/s")
     for side, seconds in (("rollout", a), ("training", b)):
         if seconds < 0.4 * sync_step:
             sys.exit(f"the {side} side takes {seconds:.3f} s of a {sync_step:.3f} s step, under "
                      "40 %: the overlap would have little to hide")
-    print(f"RESULT async_vs_sync_split {speedup:.3f}")
-    print(f"RESULT async_overlap_efficiency {speedup / ideal:.3f}")
-    print(f"RESULT async_vs_colocated_multiturn {example_mt[0] / example_mt[1]:.3f}")
-    print(f"RESULT async_vs_colocated_multiturn_lean {lean_mt[0] / lean_mt[1]:.3f}")
+    return {"async_vs_sync_split": speedup, "async_overlap_efficiency": speedup / ideal}
+
+
+def multiturn_figures(steps: int, rounds: int, redis_url: str,
+                      folder: Path) -> dict[str, float]:
+    """(c), on the example's workflow and the lean one: printed, and their RESULT figures."""
+    example_mt = multiturn_rates(steps, rounds, False, redis_url, folder)
+    lean_mt = multiturn_rates(steps, rounds, True, redis_url, folder)
+    for label, (fast, slow, turns) in (("the example's workflow", example_mt),
+                                       ("lean: no reference, no old-log-prob pass", lean_mt)):
+        print(f"(c) multi-turn with env latency, {label} ({turns:.2f} turns/episode): async "
+              f"split {fast:.1f} samples/s, sync colocated {slow:.1f} samples/s")
+    return {"async_vs_colocated_multiturn": example_mt[0] / example_mt[1],
+            "async_vs_colocated_multiturn_lean": lean_mt[0] / lean_mt[1]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=16, help="steps of each job")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="runs of each job of a comparison, interleaved A B B A")
+    parser.add_argument("--part", choices=("all", "split", "multiturn"), default="all",
+                        help="split: (a) and (b) only; multiturn: (c) only")
+    args = parser.parse_args()
+    if args.steps <= WARMUP or args.rounds < 1:
+        parser.error(f"--steps must exceed the {WARMUP} warm-up steps and --rounds be >= 1")
+    start()
+    folder = ROOT / "outputs" / "bench_async"
+    results: dict[str, float] = {}
+    with LocalRedis() as redis:
+        if args.part in ("all", "split"):
+            results.update(split_figures(args.steps, args.rounds, redis.url, folder))
+        if args.part in ("all", "multiturn"):
+            results.update(multiturn_figures(args.steps, args.rounds, redis.url, folder))
+    ray.shutdown()
+    for name, value in results.items():
+        print(f"RESULT {name} {value:.3f}")
 
 
 if __name__ == "__main__":
