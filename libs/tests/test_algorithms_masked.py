@@ -9,7 +9,14 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from dagrl.algorithms import AlgorithmError, masked_mean, masked_sum, masked_var, masked_whiten
+from dagrl.algorithms import (
+    AlgorithmError,
+    explained_variance,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+)
 
 VALUES = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
 MASK = torch.tensor([[1, 1, 0], [1, 0, 0]])  # keeps 1, 2, 4
@@ -87,3 +94,17 @@ def test_mask_of_other_shape_is_rejected_with_both_shapes() -> None:
         AlgorithmError, match=r"mask has shape \(2,\) but values has shape \(2, 3\)"
     ):
         masked_mean(VALUES, torch.ones(2))
+
+
+def test_explained_variance_over_the_kept_tokens() -> None:
+    returns = _poisoned(VALUES, MASK)  # kept: 1, 2, 4 (variance 14/9)
+    assert explained_variance(returns, returns, MASK) == pytest.approx(1.0)
+    mean_only = torch.full_like(VALUES, 7.0 / 3.0)
+    assert explained_variance(mean_only, returns, MASK) == pytest.approx(0.0, abs=1e-6)
+    # residuals 1 - 2, 2 - 2, 4 - 2 = -1, 0, 2: variance 14/9 as well -> nothing explained
+    off = torch.full_like(VALUES, 2.0)
+    off_by_one = torch.tensor([[2.0, 2.0, 0.0], [2.0, 0.0, 0.0]])
+    assert explained_variance(off_by_one, returns, MASK) == pytest.approx(0.0, abs=1e-6)
+    # values = returns / 2: residuals 0.5, 1, 2 (variance 14/36) -> 1 - 1/4
+    assert explained_variance(VALUES / 2, returns, MASK) == pytest.approx(0.75)
+    assert explained_variance(off, torch.full_like(VALUES, 3.0), MASK) is None

@@ -80,16 +80,23 @@ def scheduler_plan(workflow: str) -> scheduler_pb2.Plan:
     return make_plan(load_workflow(workflow), cluster).to_proto()
 
 
-def test_ppo_critic_value_loss_falls(ray_session: None, assets: Path,
-                                     redis_server: LocalRedis, tmp_path: Path) -> None:
+def test_ppo_critic_learns_to_explain_the_returns(ray_session: None, assets: Path,
+                                                  redis_server: LocalRedis,
+                                                  tmp_path: Path) -> None:
+    """The critic's fit is judged by explained variance, not by the raw value loss: the returns
+    spread as the policy learns (the score went 0.13 -> 0.27 here, so p(1 - p) from 0.12 to
+    0.19), and the loss rose with them while the fit improved."""
     _driver, outcome = run_job(
         assets, redis_server, tmp_path, example="ppo_arith", plan=scheduler_plan("ppo"),
         trainer={"total_training_steps": 8, "val_before_train": False, "test_freq": -1},
         critic={"optim.lr": 1e-3, "ppo_epochs": 2})
     assert outcome.state == JobState.SUCCEEDED, outcome.reason
-    losses = series(outcome, "critic/vf_loss")
-    assert len(losses) == 8
-    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3, losses
+    fit = series(outcome, "critic/vf_explained_var")
+    assert len(fit) == 8 and len(series(outcome, "critic/vf_loss")) == 8
+    # The untrained critic does worse than the returns' mean (-0.35 here); after 8 steps it
+    # does at least as well (+0.03 here). With its lr at 1e-9 the last three came to -0.16:
+    # the returns moved, the critic did not.
+    assert sum(fit[-3:]) / 3 > max(fit[0], -0.05), fit
 
 
 def test_dapo_counts_filtered_groups(ray_session: None, assets: Path,

@@ -44,7 +44,13 @@ from dagrl.algorithms.losses import (
     get_policy_loss_fn,
     log_probs_from_logits,
 )
-from dagrl.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from dagrl.algorithms.masked import (
+    explained_variance,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+)
 from dagrl.algorithms.rollout_correction import (
     ISWeights,
     Mismatch,
@@ -79,6 +85,7 @@ __all__ = [
     "compute_rloo_outcome_advantage",
     "compute_value_loss",
     "entropy_from_logits",
+    "explained_variance",
     "get_policy_loss_fn",
     "kl_penalty",
     "log_probs_from_logits",

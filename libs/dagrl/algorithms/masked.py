@@ -1,11 +1,12 @@
 """Masked reductions over token tensors: the one place that decides how a mask is applied.
 
 Owns `masked_sum`, `masked_mean`, `masked_var` and `masked_whiten`, which every estimator and
-loss in `dagrl.algorithms` builds on. A mask is 1 (or True) where a token counts and 0 where it
-does not; float masks act as weights. Values outside the mask never reach a result, not even NaN
-or inf, because they are replaced by zero before they are multiplied. (Gradients stay clean for
-any finite masked value; a NaN fed into arithmetic before the mask still poisons autograd, as
-always with `torch.where`.) Does not own how losses are averaged over sequences (`agg_loss`).
+loss in `dagrl.algorithms` builds on, and `explained_variance`, the critic's fit. A mask is 1
+(or True) where a token counts and 0 where it does not; float masks act as weights. Values
+outside the mask never reach a result, not even NaN or inf, because they are replaced by zero
+before they are multiplied. (Gradients stay clean for any finite masked value; a NaN fed into
+arithmetic before the mask still poisons autograd, as always with `torch.where`.) Does not own
+how losses are averaged over sequences (`agg_loss`).
 """
 
 from __future__ import annotations
@@ -66,3 +67,15 @@ def masked_whiten(
     if not shift_mean:
         whitened = whitened + mean
     return torch.where(mask.to(values.dtype) != 0, whitened, 0.0)
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor,
+                       mask: torch.Tensor) -> float | None:
+    """1 - Var(returns - values) / Var(returns) over the masked tokens: 1 when `values` predict
+    `returns` exactly, 0 when they do no better than the returns' mean, negative when worse.
+    None when the returns do not vary there (nothing to explain)."""
+    require_same_shape("values", values, "returns", returns)
+    spread = masked_var(returns, mask, unbiased=False)
+    if float(spread) <= _MIN_COUNT:
+        return None
+    return float(1.0 - masked_var(returns - values, mask, unbiased=False) / spread)

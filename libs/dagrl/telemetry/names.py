@@ -90,6 +90,8 @@ KEY_SCORE_MIN: Final = "critic/score/min"
 KEY_REWARDS_MEAN: Final = "critic/rewards/mean"  # score minus the in-reward KL penalty
 KEY_ADVANTAGES_MEAN: Final = "critic/advantages/mean"  # token mean
 KEY_RETURNS_MEAN: Final = "critic/returns/mean"  # token mean
+# how much of the returns' variance the rollout-time values explain (PPO: the critic's fit)
+KEY_VF_EXPLAINED_VAR: Final = "critic/vf_explained_var"
 KEY_REWARD_KL_PENALTY: Final = "actor/reward_kl_penalty"  # mean KL folded into the reward
 KEY_REWARD_KL_PENALTY_COEFF: Final = "actor/reward_kl_penalty_coeff"
 # the COMPUTE REWARD node: each source's mean score before weighting (`reward_source_key`),

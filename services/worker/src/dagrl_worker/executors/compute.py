@@ -10,7 +10,13 @@ import torch
 import torch.distributed as dist
 
 from dagrl import telemetry
-from dagrl.algorithms import AdvantageInputs, apply_kl_penalty, compute_advantage, kl_penalty
+from dagrl.algorithms import (
+    AdvantageInputs,
+    apply_kl_penalty,
+    compute_advantage,
+    explained_variance,
+    kl_penalty,
+)
 from dagrl.batch import Batch
 from dagrl.batch.layout import concat_aligned
 from dagrl.config.reward import LEARNED_SOURCES
@@ -144,6 +150,9 @@ class AdvantageExecutor:
         ctx.sink.add(telemetry.KEY_ADVANTAGES_MEAN, token_mean(advantages), Reduce.MEAN,
                      weight=tokens)
         ctx.sink.add(telemetry.KEY_RETURNS_MEAN, token_mean(returns), Reduce.MEAN, weight=tokens)
+        fit = None if inputs.values is None else explained_variance(inputs.values, returns, mask)
+        if fit is not None:  # a token-weighted mean of each rank's figure
+            ctx.sink.add(telemetry.KEY_VF_EXPLAINED_VAR, fit, Reduce.MEAN, weight=tokens)
         return batch.with_fields(tensors={"token_level_rewards": rewards,
                                           "advantages": advantages, "returns": returns})
 
