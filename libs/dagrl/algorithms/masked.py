@@ -17,6 +17,8 @@ from dagrl.algorithms.errors import AlgorithmError, require_same_shape
 
 # Smallest mask weight we divide by; an empty mask then gives 0 instead of NaN.
 _MIN_COUNT = 1e-8
+# Returns' variance below which `explained_variance` has nothing to explain.
+_MIN_SPREAD = 1e-8
 
 
 def _masked_values(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,6 +78,6 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor,
     None when the returns do not vary there (nothing to explain)."""
     require_same_shape("values", values, "returns", returns)
     spread = masked_var(returns, mask, unbiased=False)
-    if float(spread) <= _MIN_COUNT:
+    if float(spread) <= _MIN_SPREAD:
         return None
     return float(1.0 - masked_var(returns - values, mask, unbiased=False) / spread)
