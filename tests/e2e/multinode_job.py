@@ -149,12 +149,18 @@ def submit(config: dict[str, Any], redis_url: str, work: Path,
                                for p in plan.placements}}
 
 
+LOST_NODE_STEPS = 12
+
+
 def lose_a_node(name: str, config: dict[str, Any], cluster: RayTestCluster, redis_url: str,
                 work: Path, rejoin_after_s: float | None, wait_s: float) -> dict[str, Any]:
     """The `spread` job; once its first checkpoint is written, the node of rank 1 is removed
     (and, with `rejoin_after_s`, a node with its labels added that much later). The driver
     runs in a thread: Ray adds nodes only from the main thread."""
-    config["trainer"].update(total_training_steps=4, save_freq=1, node_wait_timeout_s=wait_s)
+    # Enough steps after the first checkpoint that the node is gone before the job could end:
+    # with 4, a fast machine finished steps 2-4 (~0.4 s each) before the removal took hold.
+    config["trainer"].update(total_training_steps=LOST_NODE_STEPS, save_freq=1,
+                             node_wait_timeout_s=wait_s)
     plan = make_plan(load_workflow("grpo"), Cluster.homogeneous(2, 1)).to_proto()
     job_id = f"multinode-{name}"
     store = JobStore(redis.Redis.from_url(redis_url))
