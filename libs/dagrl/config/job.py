@@ -45,6 +45,10 @@ class ModelConfig:
     lora_alpha: int = option(16, "LoRA scaling numerator: adapters scale by lora_alpha / lora_rank")
     target_modules: str | tuple[str, ...] = option(
         "all-linear", "layers that get adapters: 'all-linear' or names such as [q_proj, v_proj]")
+    attn_implementation: Literal["sdpa", "flash_attention_2", "eager"] = option(
+        "sdpa", "attention kernel: sdpa (torch's fused attention, CPU and GPU), "
+        "flash_attention_2 (GPU, needs flash-attn; padding-free forwards take its "
+        "variable-length path) or eager")
 
     def check(self) -> list[str]:
         problems = []
@@ -80,6 +84,38 @@ class OptimConfig:
 
 
 @dataclass(frozen=True)
+class MixedPrecisionConfig:
+    param_dtype: Literal["float32", "bfloat16"] = option(
+        "float32", "compute dtype of forward and backward: bfloat16 runs them in bf16 over "
+        "fp32 master weights (autocast on one rank or DDP, FSDP2's MixedPrecisionPolicy when "
+        "sharded); log-probs, losses and clipping stay fp32. float32: mixed precision off")
+    reduce_dtype: Literal["float32", "bfloat16"] = option(
+        "float32", "dtype of the gradient all-reduce across data-parallel ranks (FSDP2)")
+
+
+@dataclass(frozen=True)
+class FSDPConfig:
+    """One model's engine settings, with verl's names (`fsdp_config`); they apply under
+    DDP and on one rank too, where they mean something."""
+
+    param_offload: bool = option(
+        False, "GPU: parameters (and gradients) in host memory while the colocated rollout "
+        "engine generates, back on the GPU for the update")
+    optimizer_offload: bool = option(
+        False, "GPU: optimizer state in host memory outside the update")
+    mixed_precision: MixedPrecisionConfig = nested(MixedPrecisionConfig, "bf16 compute")
+
+
+def _unsharded_reduce_problems(fsdp: FSDPConfig, engine: str) -> list[str]:
+    """`reduce_dtype` is FSDP2's gradient reduce: under `engine` it means nothing."""
+    if fsdp.mixed_precision.reduce_dtype == "float32":
+        return []
+    return [f"fsdp_config.mixed_precision.reduce_dtype is {fsdp.mixed_precision.reduce_dtype}, "
+            f"but {engine} reduces the fp32 gradients of its master weights (it is FSDP2's "
+            "setting: actor strategy fsdp); leave it float32"]
+
+
+@dataclass(frozen=True)
 class ActorConfig:
     strategy: Literal["fsdp", "ddp", "megatron"] = option("fsdp", "data-parallel engine")
     ppo_mini_batch_size: int = option(16, "prompts per optimizer step (x rollout.n samples)")
@@ -106,6 +142,8 @@ class ActorConfig:
         "its own forward (detached) instead of a separate pass: the policy has not moved "
         "(false: always run the pass)")
     optim: OptimConfig = nested(OptimConfig, "actor optimizer")
+    fsdp_config: FSDPConfig = nested(FSDPConfig, "offload and mixed precision of the actor "
+                                     "(its forward-only passes too)")
 
     def check(self) -> list[str]:
         problems = []
@@ -115,6 +153,8 @@ class ActorConfig:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.clip_ratio_c <= 1:
             problems.append(f"clip_ratio_c must be > 1, got {self.clip_ratio_c}")
+        if self.strategy == "ddp":
+            problems.extend(_unsharded_reduce_problems(self.fsdp_config, "DDP"))
         return problems
 
 
@@ -199,12 +239,20 @@ class RefConfig:
         False, "pack reference micro-batches by real token count instead")
     log_prob_max_token_len_per_rank: int = option(
         16384, "log_prob_use_dynamic_bsz: real tokens per reference micro-batch")
+    fsdp_config: FSDPConfig = nested(
+        FSDPConfig, "the frozen reference: mixed_precision.param_dtype bfloat16 holds it in "
+        "bf16 (no master weights to keep)")
 
     def check(self) -> list[str]:
+        problems = []
+        if self.fsdp_config.optimizer_offload:
+            problems.append("fsdp_config.optimizer_offload: the reference is frozen and has no "
+                            "optimizer; set it false")
+        problems.extend(_unsharded_reduce_problems(self.fsdp_config, "a frozen model"))
         if self.log_prob_max_token_len_per_rank < 1:
-            return ["log_prob_max_token_len_per_rank must be >= 1, got "
-                    f"{self.log_prob_max_token_len_per_rank}"]
-        return []
+            problems.append("log_prob_max_token_len_per_rank must be >= 1, got "
+                            f"{self.log_prob_max_token_len_per_rank}")
+        return problems
 
 
 @dataclass(frozen=True)
@@ -228,6 +276,7 @@ class CriticConfig:
         16384, "use_dynamic_bsz: real tokens per critic micro-batch")
     cliprange_value: float = option(0.5, "PPO value clipping range")
     loss_agg_mode: LossAggMode = option("token-mean", "how token losses form the batch loss")
+    fsdp_config: FSDPConfig = nested(FSDPConfig, "offload and mixed precision of the critic")
 
     def check(self) -> list[str]:
         problems = []
@@ -237,6 +286,7 @@ class CriticConfig:
         if self.model.lora_rank > 0:
             problems.append("critic.model.lora_rank: LoRA is for the policy "
                             "(actor_rollout_ref.model.lora_rank); the critic trains fully")
+        problems.extend(_unsharded_reduce_problems(self.fsdp_config, "DDP (the critic's)"))
         return problems
 
 

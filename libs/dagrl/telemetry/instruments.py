@@ -77,7 +77,7 @@ def _observe_process_memory(_options: CallbackOptions) -> Iterable[Observation]:
 def _observe_device_memory(_options: CallbackOptions) -> Iterable[Observation]:
     # Only when torch is already imported and CUDA initialised: never import torch here.
     torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+    if torch is None or not torch.cuda.is_initialized():
         return []
     return [Observation(int(torch.cuda.memory_allocated()))]
 

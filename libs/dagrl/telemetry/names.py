@@ -136,6 +136,11 @@ KEY_PADDING_RATIO: Final = "perf/padding_ratio"  # share of update micro-batch s
 KEY_TOKENS_PER_MICRO_BATCH: Final = "perf/tokens_per_micro_batch"  # real tokens, mean
 KEY_MFU_ACTOR: Final = "perf/mfu/actor"  # model FLOPs of the actor update / (time x peak)
 KEY_MFU_CRITIC: Final = "perf/mfu/critic"  # the same for the critic update
+# GiB, the busiest rank: its GPU's peak allocated / reserved memory over the step (0 on
+# CPU), and the resident memory of its process (any device)
+KEY_MAX_MEMORY_ALLOCATED: Final = "perf/max_memory_allocated_gb"
+KEY_MAX_MEMORY_RESERVED: Final = "perf/max_memory_reserved_gb"
+KEY_CPU_MEMORY_USED: Final = "perf/cpu_memory_used_gb"
 KEY_TIMING_PER_TOKEN_PREFIX: Final = "timing_per_token_ms/"  # + node id: ms per generated token
 JOB_WIDE_PREFIXES: Final = ("perf/", "tokens/")  # never under agent{g}/
 KEY_VAL_PREFIX: Final = "val/"  # validation figures: val/<data_source>/accuracy, ...

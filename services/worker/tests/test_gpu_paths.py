@@ -62,7 +62,7 @@ def test_cuda_graphs_sleep_and_reload(checkpoint: Path) -> None:
     config = RolloutConfig(name="vllm", enforce_eager=False, gpu_memory_utilization=0.3,
                            free_cache_engine=True, max_model_len=256)
     engine = VLLMRollout(str(checkpoint), config, "float32", int(tokenizer.pad_token_id),
-                         int(tokenizer.eos_token_id))
+                         int(tokenizer.eos_token_id), is_cuda=True)
     model, _ = load_model_and_tokenizer(checkpoint)
     model.cuda()
     greedy = SamplingParams(n=1, max_new_tokens=8, do_sample=False)

@@ -75,7 +75,7 @@ def test_ppo_update_raises_log_prob_of_positive_advantage(tiny_checkpoint: Path)
                                         "ref_log_probs": old})
     config = ActorConfig(ppo_mini_batch_size=2, ppo_micro_batch_size_per_rank=2,
                          optim=OptimConfig(lr=1e-2), use_kl_loss=True)
-    engine = TrainEngine(model, config.optim, total_steps=10, dp=DataParallel(), strategy="ddp")
+    engine = TrainEngine(model, config.optim, total_steps=10, dp=DataParallel())
     before = [p.detach().clone() for p in model.parameters()]
     sink = MetricSink()
     update = ActorUpdate(config, RolloutCorrectionConfig(), temperature=1.0)

@@ -92,8 +92,7 @@ def test_packed_update_equals_the_fixed_one(tiny_checkpoint: Path, loss_agg_mode
                                          "advantages": signs * rows.tensors["response_mask"]})
         config = ActorConfig(ppo_mini_batch_size=1, optim=OptimConfig(lr=1e-3),
                              loss_agg_mode=loss_agg_mode)  # type: ignore[arg-type]
-        engine = TrainEngine(model, config.optim, total_steps=2, dp=DataParallel(),
-                             strategy="ddp")
+        engine = TrainEngine(model, config.optim, total_steps=2, dp=DataParallel())
         sink = MetricSink()
         update_actor(engine, rows, ActorUpdate(config, RolloutCorrectionConfig(), 1.0),
                      MiniBatchPlan(mini_batches=1, micro=micro, epochs=1), sink)
@@ -175,8 +174,7 @@ def test_critic_values_and_update_honour_its_own_options(tiny_checkpoint: Path) 
             "critic": {"use_dynamic_bsz": fast, "ppo_max_token_len_per_rank": BUDGET,
                        "ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_rank": 4,
                        "model": {"use_remove_padding": fast}}})
-        engine = TrainEngine(critic, config.critic.optim, total_steps=2, dp=DataParallel(),
-                             strategy="ddp")
+        engine = TrainEngine(critic, config.critic.optim, total_steps=2, dp=DataParallel())
         sink = MetricSink()
         ctx = StepContext(1, 0, config, sink, FixedKLController(0.0))
         valued = ValuesExecutor(engine).run(rows, ctx)

@@ -28,7 +28,7 @@ class DAGWorkerActor:
         # torch's convention; Ray already sets the visible devices of a GPU actor
         os.environ["LOCAL_RANK"] = str(local_rank)
         self.worker = DAGWorker(spec, rank, store=open_shard_store(
-            spec.redis_url, spec.machine_buffer_urls))
+            spec.redis_url, spec.machine_buffer_urls), has_gpu=bool(ray.get_gpu_ids()))
 
     def node_id(self) -> str:
         """The Ray node this rank runs on (tests check it against the plan's binding)."""

@@ -31,7 +31,7 @@ from transformers import (
 )
 
 from dagrl.batch import Batch
-from dagrl.config import JobConfig, ModelConfig, node_config
+from dagrl.config import FSDPConfig, JobConfig, ModelConfig, node_config
 from dagrl.engines import require_engine
 from dagrl.envs import agent_node_problems, agent_options, env_factory
 from dagrl.errors import ConfigError, InvalidInputError
@@ -39,6 +39,7 @@ from dagrl.job_rules import model_path, reward_model_path_problem
 from dagrl.models import load_tokenizer
 from dagrl.refs import resolve_ref
 from dagrl.workflow import Node, NodeRole, NodeType, TaskGraph
+from dagrl_worker.device import CPU, Precision, RankDevice
 from dagrl_worker.executors.base import AgentModels, Executor, StepContext
 from dagrl_worker.executors.chain import ChainRolloutExecutor
 from dagrl_worker.executors.compute import (
@@ -64,7 +65,7 @@ from dagrl_worker.executors.reward_sources import build_reward_sources
 from dagrl_worker.reward_models import Judge, load_reward_model
 from dagrl_worker.rollout import HFRollout, RolloutBackend
 from dagrl_worker.training import lora
-from dagrl_worker.training.engine import TrainEngine
+from dagrl_worker.training.engine import HOST, EngineOptions, Strategy, TrainEngine
 from dagrl_worker.training.parallel import DataParallel
 from dagrl_worker.weight_layout import TensorSpec, specs_of
 
@@ -73,18 +74,25 @@ class UnsupportedNodeError(InvalidInputError):
     """A node this worker version cannot execute (named, with what to use instead)."""
 
 
-def _load_causal_lm(path: str, model: ModelConfig) -> Any:
-    """The policy's module (actor, reference, an `hf` rollout's own) with `model`'s dtype and
-    trust_remote_code, offline."""
-    return AutoModelForCausalLM.from_pretrained(
+def _load_causal_lm(path: str, model: ModelConfig, device: torch.device) -> Any:
+    """The policy's module (actor, reference, an `hf` rollout's own) with `model`'s dtype,
+    attention kernel and trust_remote_code, offline, on the rank's `device`."""
+    module = AutoModelForCausalLM.from_pretrained(
         path, dtype=getattr(torch, model.dtype), trust_remote_code=model.trust_remote_code,
-        local_files_only=True)
+        attn_implementation=model.attn_implementation, local_files_only=True)
+    return module.to(device)  # type: ignore[arg-type]
 
 
-def _load_value_model(path: str, model: ModelConfig) -> Any:
+def _load_value_model(path: str, model: ModelConfig, device: torch.device) -> Any:
     return AutoModelForTokenClassification.from_pretrained(
         path, num_labels=1, dtype=getattr(torch, model.dtype),
-        trust_remote_code=model.trust_remote_code, local_files_only=True)
+        trust_remote_code=model.trust_remote_code,
+        attn_implementation=model.attn_implementation, local_files_only=True).to(device)
+
+
+def _engine_options(fsdp: FSDPConfig, strategy: Strategy) -> EngineOptions:
+    return EngineOptions(strategy, Precision.of(fsdp), fsdp.param_offload,
+                         fsdp.optimizer_offload)
 
 
 def _for_training(module: Any, model: ModelConfig) -> Any:
@@ -125,51 +133,67 @@ def _tokenizer_identity(tokenizer: PreTrainedTokenizerBase) -> tuple[Any, ...]:
 
 def build_agent_models(graph: TaskGraph, my_nodes: set[str], agent_group: int,
                        config: JobConfig, dp_for: Callable[[str], DataParallel],
-                       total_steps: int, policy_weights: str | None = None) -> AgentModels:
-    """The models of one agent group on this rank. `policy_weights` (a checkpoint folder)
-    replaces the policy's initial weights on resume; the reference always starts from the
-    original checkpoint."""
+                       total_steps: int, policy_weights: str | None = None,
+                       device: RankDevice = CPU) -> AgentModels:
+    """The models of one agent group on this rank, on its `device`. `policy_weights` (a
+    checkpoint folder) replaces the policy's initial weights on resume; the reference always
+    starts from the original checkpoint."""
     nodes = [graph[n] for n in my_nodes if graph[n].agent_group == agent_group]
     roles = {n.node_role for n in nodes}
     policy = config.actor_rollout_ref.model
     policy_path = model_path(graph, agent_group, NodeRole.ACTOR, config)
     tokenizer = load_tokenizer(policy_path, trust_remote_code=policy.trust_remote_code)
-    models = AgentModels(tokenizer=tokenizer)
+    models = AgentModels(tokenizer=tokenizer, device=device.device)
     weights = policy_weights or policy_path
     if NodeRole.ACTOR in roles:
         trains = any(n.node_role == NodeRole.ACTOR and not n.only_forward_compute
                      for n in nodes)
-        module = _actor_module(policy_path, policy_weights, policy, trains)
-        strategy = config.actor_rollout_ref.actor.strategy
-        if strategy == "megatron":
+        module = _actor_module(policy_path, policy_weights, policy, trains, device.device)
+        actor = config.actor_rollout_ref.actor
+        if actor.strategy == "megatron":
             raise UnsupportedNodeError("actor strategy 'megatron' needs the megatron extra and "
                                        "a GPU; use fsdp or ddp on CPU")
-        models.actor = TrainEngine(module, config.actor_rollout_ref.actor.optim, total_steps,
-                                   _training_dp(nodes, NodeRole.ACTOR, dp_for), strategy)
+        models.actor = TrainEngine(module, actor.optim, total_steps,
+                                   _training_dp(nodes, NodeRole.ACTOR, dp_for),
+                                   _engine_options(actor.fsdp_config, actor.strategy))
     if NodeRole.ROLLOUT in roles:
-        models.rollout = build_rollout(weights, config, tokenizer, models.actor)
+        models.rollout = build_rollout(weights, config, tokenizer, models.actor, device)
         if models.actor is None:  # a rollout-only rank: weight sync fills in the policy
             models.policy_specs = policy_specs(weights, policy)
     if NodeRole.REFERENCE in roles and not (models.actor and models.actor.has_lora):
         # with LoRA on this rank the reference is the actor with its adapters off
-        reference = _load_causal_lm(policy_path, policy)
-        reference.eval().requires_grad_(False)
-        models.reference = reference
+        # with ref.fsdp_config.param_offload it waits in host memory between its passes
+        home = HOST if config.actor_rollout_ref.ref.fsdp_config.param_offload else device.device
+        models.reference = _load_reference(policy_path, config, home)
     if NodeRole.CRITIC in roles:
         critic_path = model_path(graph, agent_group, NodeRole.CRITIC, config)
         # critic.model's dtype, trust_remote_code and gradient_checkpointing, also when it
         # starts from the policy's checkpoint
-        value_model = _for_training(_load_value_model(critic_path, config.critic.model),
-                                    config.critic.model)
-        models.critic = TrainEngine(value_model, config.critic.optim, total_steps,
-                                    _training_dp(nodes, NodeRole.CRITIC, dp_for), "ddp")
+        critic = config.critic
+        value_model = _for_training(_load_value_model(critic_path, critic.model, device.device),
+                                    critic.model)
+        models.critic = TrainEngine(value_model, critic.optim, total_steps,
+                                    _training_dp(nodes, NodeRole.CRITIC, dp_for),
+                                    _engine_options(critic.fsdp_config, "ddp"))
     for node in sorted(nodes, key=lambda n: n.node_id):
         if node.node_type == NodeType.MODEL_INFERENCE and node.node_role == NodeRole.REWARD:
-            build_scorer(node, config, policy_path, models)
+            build_scorer(node, config, policy_path, models, device.device)
     return models
 
 
-def build_scorer(node: Node, config: JobConfig, policy_path: str, models: AgentModels) -> None:
+def _load_reference(policy_path: str, config: JobConfig, device: torch.device) -> Any:
+    """The frozen initial policy; with `ref.fsdp_config.mixed_precision.param_dtype`
+    bfloat16 held in bf16 itself (frozen: no master weights to keep)."""
+    policy = config.actor_rollout_ref.model
+    precision = config.actor_rollout_ref.ref.fsdp_config.mixed_precision
+    if precision.param_dtype != "float32":
+        policy = dataclasses.replace(policy, dtype=precision.param_dtype)
+    reference = _load_causal_lm(policy_path, policy, device)
+    return reference.eval().requires_grad_(False)
+
+
+def build_scorer(node: Node, config: JobConfig, policy_path: str, models: AgentModels,
+                 device: torch.device) -> None:
     """The frozen model of one MODEL_INFERENCE + REWARD node, into `models`: a reward model
     (`config.model_path`, required), or with `config.judge_template` a judge (its
     `config.model_path`, else the policy's initial checkpoint: the reference's module when
@@ -181,34 +205,38 @@ def build_scorer(node: Node, config: JobConfig, policy_path: str, models: AgentM
         if not options.model_path:
             raise ConfigError(reward_model_path_problem(node.node_id))
         models.reward_models[node.node_id] = load_reward_model(
-            options.model_path, dtype, policy.trust_remote_code, models.tokenizer)
+            options.model_path, dtype, policy.trust_remote_code, models.tokenizer, device)
         return
     path = options.model_path or policy_path
-    if path == policy_path and models.reference is not None and dtype == policy.dtype:
-        module, tokenizer = models.reference, models.tokenizer
+    reference = models.reference
+    if (path == policy_path and reference is not None and reference.device == device
+            and reference.dtype == getattr(torch, dtype)):
+        module, tokenizer = reference, models.tokenizer
     else:
-        module = _load_causal_lm(path, dataclasses.replace(policy, dtype=dtype))
+        module = _load_causal_lm(path, dataclasses.replace(policy, dtype=dtype), device)
         module.eval().requires_grad_(False)
         tokenizer = load_tokenizer(path, trust_remote_code=policy.trust_remote_code)
     models.judges[node.node_id] = Judge(HFRollout(module, tokenizer), tokenizer)
 
 
 def _actor_module(policy_path: str, policy_weights: str | None, policy: ModelConfig,
-                  trains: bool) -> Any:
+                  trains: bool, device: torch.device) -> Any:
     """The actor's module. To train with LoRA: the original checkpoint under fresh adapters,
     or under the adapters a checkpoint saved (`policy_weights`, on resume). Otherwise the
     policy's weights (a checkpoint's on resume): also a forward-only replica's under LoRA,
     which weight sync fills with the merged weights."""
     if policy.lora_rank == 0 or not trains:
-        return _for_training(_load_causal_lm(policy_weights or policy_path, policy), policy)
-    module = lora.with_lora(_for_training(_load_causal_lm(policy_path, policy), policy), policy)
+        return _for_training(_load_causal_lm(policy_weights or policy_path, policy, device),
+                             policy)
+    module = lora.with_lora(_for_training(_load_causal_lm(policy_path, policy, device), policy),
+                            policy)
     if policy_weights is not None:
         lora.load_adapter(module, Path(policy_weights) / lora.ADAPTER_FOLDER)
     return module
 
 
 def build_rollout(weights: str, config: JobConfig, tokenizer: PreTrainedTokenizerBase,
-                  actor: TrainEngine | None) -> RolloutBackend:
+                  actor: TrainEngine | None, device: RankDevice = CPU) -> RolloutBackend:
     """The rank's rollout backend, by `actor_rollout_ref.rollout.name`.
 
     `hf` generates with the actor's own module when this rank holds all of it (DDP or one
@@ -221,12 +249,13 @@ def build_rollout(weights: str, config: JobConfig, tokenizer: PreTrainedTokenize
         require_engine("vllm")
         from dagrl_worker.rollout.vllm_engine import VLLMRollout, check_tensor_parallel
 
-        check_tensor_parallel(rollout, torch.cuda.is_available())
+        check_tensor_parallel(rollout, device.is_cuda)
         return VLLMRollout(weights, rollout, policy.dtype, int(tokenizer.pad_token_id),
-                           int(tokenizer.eos_token_id))
+                           int(tokenizer.eos_token_id), is_cuda=device.is_cuda)
     if actor is not None and not actor.is_sharded:
-        return HFRollout(actor.inner, tokenizer, shares_actor_weights=True)
-    module = _load_causal_lm(weights, policy)
+        return HFRollout(actor.inner, tokenizer, shares_actor_weights=True,
+                         compute=actor.compute)
+    module = _load_causal_lm(weights, policy, device.device)
     module.eval()
     return HFRollout(module, tokenizer)
 
@@ -292,7 +321,8 @@ def build_executor(node: Node, models: AgentModels, config: JobConfig, target_gr
             return OldLogProbExecutor(engine, in_update=old_log_probs_in_update)
         return ActorTrainExecutor(engine)
     if role == NodeRole.REFERENCE:
-        return ReferenceLogProbExecutor(models)
+        return ReferenceLogProbExecutor(
+            models, config.actor_rollout_ref.ref.fsdp_config.param_offload)
     if role == NodeRole.CRITIC:
         engine = _need(models.critic, node, "a critic model")
         return ValuesExecutor(engine) if node.only_forward_compute else CriticTrainExecutor(

@@ -52,12 +52,17 @@ def _barrier() -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
+    """The generators a step draws from: torch's (CPU, and the GPU's on a CUDA rank) and
+    Python's."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
+    return {"torch": torch.get_rng_state(), "cuda": cuda, "python": list(random.getstate()[1]),
             "python_version": random.getstate()[0], "python_gauss": random.getstate()[2]}
 
 
 def restore_rng(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
+    if state.get("cuda") and torch.cuda.is_initialized():
+        torch.cuda.set_rng_state_all(state["cuda"])
     random.setstate((state["python_version"], tuple(state["python"]), state["python_gauss"]))
 
 
@@ -135,7 +140,7 @@ def load_rank_state(folder: Path, rank: int) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {folder} has no state for rank {rank}; was it "
                                 "written by a job with another number of ranks?")
-    return torch.load(path, weights_only=True)
+    return torch.load(path, weights_only=True, map_location="cpu")  # device-free on disk
 
 
 def save_trainer_state(folder: Path, state: dict[str, Any]) -> None:

@@ -40,14 +40,16 @@ from dagrl.checkpoint_paths import check_checkpoints
 from dagrl.config import JobConfig
 from dagrl.engines import require_engine
 from dagrl.envs import check_agent_nodes
-from dagrl.errors import InvalidInputError
+from dagrl.errors import ConfigError, InvalidInputError
 from dagrl.job_rules import PRODUCED_BY, check_job
+from dagrl.telemetry.instruments import process_rss_bytes
 from dagrl.workflow import NodeRole, NodeType, TaskGraph
 from dagrl_databuffer.keys import attempt_namespace, validation_namespace
 from dagrl_worker import checkpoint
 from dagrl_worker.builder import build_agent_models, build_executor, shared_tokenizer
 from dagrl_worker.config import WorkerSettings
 from dagrl_worker.dataflow import EdgeRouter, ShardStore, join_by_uid
+from dagrl_worker.device import RankDevice, device_problems, rank_device
 from dagrl_worker.executors.base import AgentModels, Executor, StepContext
 from dagrl_worker.metrics import MetricSink, Reduce, Summary
 from dagrl_worker.plan_view import PlanView
@@ -90,10 +92,14 @@ LOADER_STATES_KEPT = 64
 
 
 class DAGWorker:
-    def __init__(self, spec: WorkerSpec, rank: int, store: ShardStore | None = None) -> None:
+    def __init__(self, spec: WorkerSpec, rank: int, store: ShardStore | None = None,
+                 has_gpu: bool | None = None) -> None:
+        """`has_gpu`: whether Ray gave this rank a GPU (None outside Ray: whether torch sees
+        one); with `trainer.device` it decides the rank's device (`dagrl_worker.device`)."""
         torch.set_num_threads(WorkerSettings.from_env().torch_threads)
         self.spec, self.rank = spec, rank
         self.config: JobConfig = spec.job_config()
+        self.device = rank_device(self.config.trainer.device, has_gpu)
         self.graph = spec.workflow()
         self.plan = spec.plan_view()
         self.my_nodes = self.plan.nodes_on(rank)
@@ -131,8 +137,7 @@ class DAGWorker:
         across machines), then create every plan group in the plan's order."""
         if self.plan.world_size > 1 and not dist.is_initialized():
             dist.init_process_group(
-                "gloo" if not torch.cuda.is_available() else "nccl",
-                init_method=init_method, rank=self.rank,
+                self.device.backend, init_method=init_method, rank=self.rank,
                 world_size=self.plan.world_size, timeout=timedelta(minutes=10))
         for group in self.plan.groups:
             if dist.is_initialized():
@@ -147,7 +152,7 @@ class DAGWorker:
             require_engine("vllm")
             from dagrl_worker.rollout.vllm_engine import init_parallel_state
 
-            init_parallel_state(rollout, self.plan.world_size, self.rank)
+            init_parallel_state(rollout, self.plan.world_size, self.rank, self.device.backend)
 
     def _dp_for(self, node_id: str) -> DataParallel:
         group = self.plan.group_of(node_id)
@@ -169,7 +174,10 @@ class DAGWorker:
         check_agent_nodes(self.graph)  # as the scheduler does; a Driver may run without it
         check_job(self.config, self.graph)
         check_checkpoints(self.config, self.graph)
-        _check_model_parallel(self.plan, self.my_nodes)
+        problems = device_problems(self.config, self.device)
+        if problems:
+            raise ConfigError(problems)
+        _check_model_parallel(self.plan, self.my_nodes, self.device)
         _check_redraws_stay_local(self.graph, self.plan)
         if self.max_staleness is not None:
             rank_sides(self.graph, self.plan)  # refuses a plan that cannot run ahead
@@ -183,7 +191,7 @@ class DAGWorker:
             weights = str(resume / f"agent{agent}" / "actor") if resume else None
             self.models[agent] = build_agent_models(
                 self.graph, self.my_nodes, agent, self.config, self._dp_for,
-                self.total_steps, policy_weights=weights)
+                self.total_steps, policy_weights=weights, device=self.device)
         for node_id in self.order:
             node = self.graph[node_id]
             group = self.plan.group_of(node_id)
@@ -224,6 +232,7 @@ class DAGWorker:
             self.walk(ctx, global_prompts, self.order, self.router)
             if self.max_staleness is None:
                 self._sync_weights(sink)
+            self._offload_engines()
             span.add_tokens(int(sink.value(telemetry.KEY_TOKENS_GENERATED)))
             peak = self._peak_flops()
             if peak:  # with the phases' FLOPs, the metrics service's step MFU
@@ -232,7 +241,24 @@ class DAGWorker:
         if self.max_staleness is None or self._trains():
             self.policy_version = step  # updated here, or synced at the end of the step
         sink.add(telemetry.KEY_TIME_PER_STEP, time.perf_counter() - started, Reduce.MAX)
+        self._record_memory(sink)
         return sink.summary()
+
+    def _offload_engines(self) -> None:
+        """End of a step (after weight sync): the trained models' state to host memory where
+        `fsdp_config` offloads it, and the GPU's cached blocks back to the driver, so the
+        colocated engine wakes into free memory. Each engine reloads at its next pass."""
+        for models in self.models.values():
+            for engine in (models.actor, models.critic):
+                if engine is not None:
+                    engine.offload()
+        self.device.release_cache()
+
+    def _record_memory(self, sink: MetricSink) -> None:
+        allocated, reserved = self.device.memory_gb()
+        sink.add(telemetry.KEY_MAX_MEMORY_ALLOCATED, allocated, Reduce.MAX)
+        sink.add(telemetry.KEY_MAX_MEMORY_RESERVED, reserved, Reduce.MAX)
+        sink.add(telemetry.KEY_CPU_MEMORY_USED, (process_rss_bytes() or 0) / 2**30, Reduce.MAX)
 
     def _peak_flops(self) -> float | None:
         """This rank's device peak FLOP/s, known where it trains a model (`training.flops`)."""
@@ -490,10 +516,10 @@ def _check_redraws_stay_local(graph: TaskGraph, plan: PlanView) -> None:
                 "(workflow.agent_placement=colocate for a multi-agent workflow)")
 
 
-def _check_model_parallel(plan: PlanView, nodes: set[str]) -> None:
+def _check_model_parallel(plan: PlanView, nodes: set[str], device: RankDevice) -> None:
     """Tensor or pipeline parallel layouts shard one model over several GPUs."""
     sharded = sorted(n for n in nodes if plan.layout(n).tp_size * plan.layout(n).pp_size > 1)
-    if sharded and not torch.cuda.is_available():
+    if sharded and not device.is_cuda:
         raise InvalidInputError(
             f"the plan gives {', '.join(repr(n) for n in sharded)} tp_size x pp_size > 1, which "
             "shards a model across GPUs; on CPU every node runs with tp_size = pp_size = 1 "

@@ -45,6 +45,7 @@ from dagrl.jobs import JobState, JobStore
 from dagrl.telemetry import names
 from dagrl_databuffer.config import redact_url
 from dagrl_worker.actors import DAGWorkerActor
+from dagrl_worker.device import wants_gpu
 from dagrl_worker.driver_args import parse_args
 from dagrl_worker.machine_buffers import machine_buffer_urls, stop_machine_buffers
 from dagrl_worker.metrics import COMPUTE_SECONDS, merge
@@ -218,8 +219,8 @@ class Driver:
                        ) -> tuple[list[Any], list[Any]]:
         """One placement group per planned machine on the node bound to it, then the ranks;
         PlacementError when the live cluster cannot hold the plan."""
-        use_gpu = self.config.trainer.device == "cuda" or (
-            self.config.trainer.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
+        use_gpu = wants_gpu(self.config.trainer.device,
+                            ray.cluster_resources().get("GPU", 0) > 0)
         plan = self.spec.plan_proto()
         needs = machine_needs(plan)
         binding = bind_machines(needs, live_offers(ray.nodes()), use_gpu)

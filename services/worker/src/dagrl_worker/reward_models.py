@@ -29,8 +29,12 @@ class RewardModel:
     retokenize: bool  # its tokenizer is not the policy's: decode, then encode with its own
 
 
+HOST = torch.device("cpu")
+
+
 def load_reward_model(path: str, dtype: str, trust_remote_code: bool,
-                      policy_tokenizer: PreTrainedTokenizerBase) -> RewardModel:
+                      policy_tokenizer: PreTrainedTokenizerBase,
+                      device: torch.device = HOST) -> RewardModel:
     """The reward model at `path` (eval, no grad); ConfigError when it is not a one-logit
     sequence classifier or has no pad token to find each sample's last token by."""
     tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
@@ -48,7 +52,7 @@ def load_reward_model(path: str, dtype: str, trust_remote_code: bool,
                 "token, which the classifier needs to find each sample's last token; set "
                 "pad_token_id in its config.json")
         module.config.pad_token_id = tokenizer.pad_token_id
-    module.eval().requires_grad_(False)
+    module.to(device).eval().requires_grad_(False)
     return RewardModel(module, tokenizer, not same_tokenizer(tokenizer, policy_tokenizer))
 
 

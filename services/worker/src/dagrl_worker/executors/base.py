@@ -42,6 +42,9 @@ class AgentModels:
     # frozen scorers of this rank's MODEL_INFERENCE + REWARD nodes, by node id
     reward_models: dict[str, RewardModel] = field(default_factory=dict)
     judges: dict[str, Judge] = field(default_factory=dict)
+    # the rank's device (`dagrl_worker.device`); a model that waits in host memory between
+    # its passes (`ref.fsdp_config.param_offload`) comes here for them
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
 
 @dataclass

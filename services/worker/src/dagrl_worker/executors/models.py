@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+from collections.abc import Iterator
 
 import torch
 
@@ -103,13 +105,13 @@ class OldLogProbExecutor:
         if self.in_update:
             ctx.sink.add(telemetry.KEY_OLD_LOG_PROB_SKIPPED, 1.0, Reduce.MAX)
             return batch
-        module, peers = forward_module(self.engine)
+        target = forward_module(self.engine)
         rollout = ctx.config.actor_rollout_ref.rollout
         micro = micro_batching(rollout.log_prob_micro_batch_size_per_rank,
                                rollout.log_prob_use_dynamic_bsz,
                                rollout.log_prob_max_token_len_per_rank)
         with telemetry.phase_span(telemetry.SPAN_LOG_PROB), ctx.sink.compute():
-            log_probs = compute_log_probs(module, batch, micro, _temperature(ctx), peers,
+            log_probs = compute_log_probs(target, batch, micro, _temperature(ctx),
                                           _remove_padding(ctx))
         if "rollout_log_probs" in batch:
             record_mismatch(log_probs, batch, ctx.sink)
@@ -124,12 +126,16 @@ class ReferenceLogProbExecutor:
     frozen, and no second copy is loaded.
     """
 
-    def __init__(self, models: AgentModels) -> None:
+    def __init__(self, models: AgentModels, offloaded: bool = False) -> None:
+        """`offloaded` (`ref.fsdp_config.param_offload`): the reference waits in host memory
+        and visits the rank's device for its pass only."""
         self.actor = models.actor if models.actor is not None and models.actor.has_lora \
             else None
         if models.reference is None and self.actor is None:
             raise ValueError("a REFERENCE node needs a reference model on this rank")
         self.module = models.reference
+        self.device = models.device
+        self.offloaded = offloaded
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
         ref = ctx.config.actor_rollout_ref.ref
@@ -138,14 +144,25 @@ class ReferenceLogProbExecutor:
         with telemetry.phase_span(telemetry.SPAN_LOG_PROB), ctx.sink.compute():
             if self.actor is None:
                 assert self.module is not None
-                log_probs = compute_log_probs(self.module, batch, micro, _temperature(ctx),
-                                              remove_padding=_remove_padding(ctx))
+                with self._on_device(self.module):
+                    log_probs = compute_log_probs(self.module, batch, micro, _temperature(ctx),
+                                                  remove_padding=_remove_padding(ctx))
             else:
-                module, peers = forward_module(self.actor)
                 with lora.adapters_disabled(self.actor.inner):
-                    log_probs = compute_log_probs(module, batch, micro, _temperature(ctx),
-                                                  peers, _remove_padding(ctx))
+                    log_probs = compute_log_probs(forward_module(self.actor), batch, micro,
+                                                  _temperature(ctx), _remove_padding(ctx))
         return batch.with_fields(tensors={"ref_log_probs": log_probs})
+
+    @contextlib.contextmanager
+    def _on_device(self, module: torch.nn.Module) -> Iterator[None]:
+        if not self.offloaded:
+            yield
+            return
+        module.to(self.device)
+        try:
+            yield
+        finally:
+            module.to("cpu")
 
 
 class ValuesExecutor:
@@ -155,12 +172,11 @@ class ValuesExecutor:
         self.engine = engine
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
-        module, peers = forward_module(self.engine)
         critic = ctx.config.critic
         micro = micro_batching(critic.ppo_micro_batch_size_per_rank, critic.use_dynamic_bsz,
                                critic.ppo_max_token_len_per_rank)
         with ctx.sink.compute():
-            values = compute_values(module, batch, micro, peers,
+            values = compute_values(forward_module(self.engine), batch, micro,
                                     critic.model.use_remove_padding)
         return batch.with_fields(tensors={"values": values})
 

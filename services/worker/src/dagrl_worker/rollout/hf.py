@@ -14,6 +14,9 @@ step's [B, V] distribution is held at a time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+
 import torch
 from transformers import (
     GenerationConfig,
@@ -40,8 +43,13 @@ class HFRollout:
 
     def __init__(self, module: PreTrainedModel | torch.nn.Module,
                  tokenizer: PreTrainedTokenizerBase,
-                 shares_actor_weights: bool = False) -> None:
+                 shares_actor_weights: bool = False,
+                 compute: Callable[[], AbstractContextManager[None]] = nullcontext) -> None:
+        """`compute`: entered around each `generate`; the actor's (`TrainEngine.compute`)
+        when the module is the actor's own: its weights back on the device if offloaded, and
+        its mixed precision."""
         self.module = module
+        self.compute = compute
         self.pad_token_id = int(tokenizer.pad_token_id)
         self.eos_token_id = int(tokenizer.eos_token_id)
         self._shares_actor_weights = shares_actor_weights
@@ -80,17 +88,18 @@ class HFRollout:
         width = params.max_new_tokens
         if prompt_ids.shape[0] == 0:  # an empty shard (fewer groups than ranks): nothing to run
             return torch.zeros((0, width), dtype=torch.long), torch.zeros((0, width))
-        device = next(self.module.parameters()).device
         recorder = _SampledLogProbs(prompt_ids.shape[1])
         was_training = self.module.training
         self.module.eval()
         try:
-            output = self.module.generate(  # type: ignore[operator]
-                input_ids=prompt_ids.to(device),
-                attention_mask=prompt_mask.to(device),
-                generation_config=self._generation_config(params),
-                logits_processor=_warpers(params, recorder),
-            )
+            with self.compute():
+                device = next(self.module.parameters()).device
+                output = self.module.generate(  # type: ignore[operator]
+                    input_ids=prompt_ids.to(device),
+                    attention_mask=prompt_mask.to(device),
+                    generation_config=self._generation_config(params),
+                    logits_processor=_warpers(params, recorder),
+                )
         finally:
             self.module.train(was_training)
         responses = output[:, prompt_ids.shape[1]:].cpu()  # [B, <=R]

@@ -52,14 +52,15 @@ def configure_environment(config: RolloutConfig) -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{config.cpu_kv_cache_gb:g}")
 
 
-def init_parallel_state(config: RolloutConfig, world_size: int, rank: int) -> None:
+def init_parallel_state(config: RolloutConfig, world_size: int, rank: int,
+                        backend: str) -> None:
     """vLLM's process groups over this rank's torch.distributed world (a collective: every
-    rank of the world calls it once, in the same order, before any engine is created)."""
+    rank of the world calls it once, in the same order, before any engine is created), on
+    the rank's `backend` (`RankDevice.backend`)."""
     configure_environment(config)
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.distributed import parallel_state
 
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
     parallel_state.init_distributed_environment(world_size, rank, "env://", rank, backend)
     with set_current_vllm_config(VllmConfig()):
         parallel_state.ensure_model_parallel_initialized(
@@ -70,13 +71,15 @@ class VLLMRollout:
     """Generate with an in-process vLLM engine over the checkpoint at `model_path`."""
 
     def __init__(self, model_path: str, config: RolloutConfig, dtype: str,
-                 pad_token_id: int, eos_token_id: int) -> None:
+                 pad_token_id: int, eos_token_id: int, *, is_cuda: bool = False) -> None:
+        """`is_cuda`: the rank's device decision (`dagrl_worker.device`): on the rank's GPU
+        within `gpu_memory_utilization`, else vLLM's CPU backend."""
         configure_environment(config)
         from vllm import LLM
 
         self.pad_token_id = pad_token_id
         self.eos_token_id = eos_token_id
-        self.is_cuda = torch.cuda.is_available()
+        self.is_cuda = is_cuda
         self.free_cache_engine = config.free_cache_engine and self.is_cuda
         self.asleep = False
         engine_args: dict[str, Any] = {

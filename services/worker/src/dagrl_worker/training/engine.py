@@ -1,18 +1,24 @@
 """TrainEngine: one trainable model, data parallel over its node's process group.
 
 Owns wrapping (DDP, or FSDP2's `fully_shard`), the optimizer and LR schedule, gradient
-accumulation over micro-batches, clipping, and the model's full state for checkpoints
-and weight sync. It does not know about PPO: `dagrl_worker.training.ppo` drives it.
+accumulation over micro-batches, clipping, mixed precision, offloading to host memory, and
+the model's full state for checkpoints and weight sync. It does not know about PPO:
+`dagrl_worker.training.ppo` drives it.
 
-On CPU the process group is gloo; on GPU NCCL. With one rank the module is not wrapped.
-With LoRA (`training.lora`) the module is a peft model whose base weights are frozen: the
-optimizer holds the adapters only, and `full_tensors` yields the merged base-model weights.
+The module arrives on the rank's device (`dagrl_worker.device`); its process group is gloo
+on CPU, NCCL on GPU. With one rank the module is not wrapped. Mixed precision
+(`EngineOptions.precision`): FSDP2's `MixedPrecisionPolicy` when sharded (bf16 all-gathers
+and compute, gradients reduced in `reduce_dtype`), autocast otherwise (DDP reduces the fp32
+gradients); the parameters and the optimizer's state stay fp32 either way. With LoRA
+(`training.lora`) the module is a peft model whose base weights are frozen: the optimizer
+holds the adapters only, and `full_tensors` yields the merged base-model weights.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -22,10 +28,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
 )
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from dagrl.config import OptimConfig
+from dagrl_worker.device import Precision
 from dagrl_worker.training import lora
 from dagrl_worker.training.flops import FlopCounter, peak_flops
 from dagrl_worker.training.optim import build_optimizer, build_scheduler
@@ -33,36 +40,72 @@ from dagrl_worker.training.parallel import DataParallel
 from dagrl_worker.weight_layout import TensorSpec, specs_of
 
 Strategy = Literal["fsdp", "ddp"]
+HOST = torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How a model trains on its rank: the data-parallel wrapper, the compute precision and
+    what leaves the GPU between updates (`fsdp_config`)."""
+
+    strategy: Strategy = "ddp"
+    precision: Precision = field(default_factory=Precision)
+    param_offload: bool = False
+    optimizer_offload: bool = False
 
 
 class TrainEngine:
     def __init__(self, module: torch.nn.Module, optim: OptimConfig, total_steps: int,
-                 dp: DataParallel, strategy: Strategy = "ddp") -> None:
+                 dp: DataParallel, options: EngineOptions | None = None) -> None:
+        options = options or EngineOptions()
         self.inner = module
         self.flop_counter = FlopCounter(module, trains_weights=not lora.is_lora(module))
         first = next(module.parameters())
-        self.peak_flops = peak_flops(first.device, first.dtype)  # per rank; None: unknown
+        self.device = first.device
+        self.precision = options.precision
+        compute_dtype = options.precision.param_dtype if options.precision.is_mixed \
+            else first.dtype
+        self.peak_flops = peak_flops(self.device, compute_dtype)  # per rank; None: unknown
         self.dp = dp
-        self.strategy = strategy
+        self.strategy = options.strategy
+        self.options = options
         self.grad_clip = optim.grad_clip
         self.module = self._wrap(module)
         self.optimizer = build_optimizer([p for p in self.module.parameters()
                                           if p.requires_grad], optim)
         self.scheduler = build_scheduler(self.optimizer, total_steps, optim)
         self.steps_taken = 0  # optimizer steps of this process (not restored on resume)
+        self.params_on_host = False
+        self.optimizer_on_host = False
 
     def _wrap(self, module: torch.nn.Module) -> torch.nn.Module:
-        if not self.dp.is_distributed:
+        """DDP over two or more ranks; FSDP2 over any group it is given (one rank too: its
+        mixed-precision policy then casts, as on many). No group: the module as it is."""
+        if self.dp.group is None or (self.strategy == "ddp" and not self.dp.is_distributed):
             return module
         if self.strategy == "ddp":
-            return DistributedDataParallel(module, process_group=self.dp.group)
-        device = next(module.parameters()).device.type
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
+            return DistributedDataParallel(module, process_group=self.dp.group,
+                                           device_ids=device_ids)
         assert self.dp.group is not None
-        mesh = DeviceMesh.from_group(self.dp.group, device_type=device)
+        mesh = DeviceMesh.from_group(self.dp.group, device_type=self.device.type)
+        policy = MixedPrecisionPolicy(param_dtype=self.precision.param_dtype,
+                                      reduce_dtype=self.precision.reduce_dtype)
         for layer in _decoder_layers(module):
-            fully_shard(layer, mesh=mesh)
-        fully_shard(module, mesh=mesh)
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
+        fully_shard(module, mesh=mesh, mp_policy=policy)
         return module
+
+    @contextlib.contextmanager
+    def compute(self) -> Iterator[None]:
+        """Around a forward: the model's weights on the device, and autocast where mixed
+        precision is not FSDP2's own policy (which casts as it all-gathers)."""
+        self.ensure_on_device()
+        if self.is_sharded:
+            yield
+            return
+        with self.precision.autocast(self.device):
+            yield
 
     @contextlib.contextmanager
     def accumulate(self, is_last_micro_batch: bool) -> Iterator[None]:
@@ -82,7 +125,9 @@ class TrainEngine:
             yield
 
     def optimizer_step(self) -> float:
-        """Clip, step, advance the LR schedule; returns the pre-clip global grad norm."""
+        """Clip, step, advance the LR schedule; returns the pre-clip global grad norm (fp32:
+        the gradients of fp32 master weights)."""
+        self.ensure_on_device()
         params = [p for p in self.module.parameters() if p.grad is not None]
         max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
@@ -94,6 +139,26 @@ class TrainEngine:
         self.scheduler.step()
         self.steps_taken += 1
         return float(grad_norm)
+
+    def offload(self) -> None:
+        """Parameters (with gradients) and optimizer state to host memory, as
+        `param_offload` and `optimizer_offload` say (GPU; the colocated engine generates in
+        the memory this frees). The next `compute` or optimizer step brings them back."""
+        if self.options.param_offload and not self.params_on_host:
+            self.module.to(HOST)
+            self.params_on_host = True
+        if self.options.optimizer_offload and not self.optimizer_on_host:
+            _move_optimizer_state(self.optimizer, HOST)
+            self.optimizer_on_host = True
+
+    def ensure_on_device(self) -> None:
+        """Undo `offload`: what it moved back onto the rank's device."""
+        if self.params_on_host:
+            self.module.to(self.device)
+            self.params_on_host = False
+        if self.optimizer_on_host:
+            _move_optimizer_state(self.optimizer, self.device)
+            self.optimizer_on_host = False
 
     @property
     def lr(self) -> float:
@@ -157,6 +222,16 @@ class TrainEngine:
     def load_training_state(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+
+
+def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Every tensor of the optimizer's state (Adam's moments, its step counts) to `device`."""
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                state[key] = value.to(device, non_blocking=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _decoder_layers(module: torch.nn.Module) -> list[torch.nn.Module]:

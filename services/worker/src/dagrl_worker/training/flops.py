@@ -10,9 +10,10 @@ are left out). Padding is not counted: MFU measures useful work, so removing pad
 raises it.
 
 The peak: a CUDA device's dense bf16/fp16 figure from its data sheet (fp32 runs as TF32 at
-half of it); on CPU the dense fp32 matmul rate measured once on this process's threads, an
-attainable peak rather than a data sheet's, so a CPU MFU says how close the step comes to
-the matmul rate. A GPU this table does not know gives no MFU.
+half of it); on CPU the dense matmul rate in the compute dtype (bf16 under mixed precision)
+measured once on this process's threads, an attainable peak rather than a data sheet's, so a
+CPU MFU says how close the step comes to the matmul rate. A GPU this table does not know
+gives no MFU.
 """
 
 from __future__ import annotations
@@ -67,18 +68,19 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
                 return tflops * 1e12 * (0.5 if dtype == torch.float32 else 1.0)
         return None
     if device.type == "cpu":
-        return measured_cpu_matmul_flops()
+        return measured_cpu_matmul_flops(dtype)
     return None
 
 
 @functools.cache
-def measured_cpu_matmul_flops(size: int = 512, min_seconds: float = 0.1) -> float:
-    """Dense fp32 matmul FLOP/s on this process's threads (best of a few timed runs). Its
-    operands come from a generator of its own: the global RNG, which seeds sampling, is left
-    as it was."""
+def measured_cpu_matmul_flops(dtype: torch.dtype = torch.float32, size: int = 512,
+                              min_seconds: float = 0.1) -> float:
+    """Dense matmul FLOP/s in `dtype` (the compute dtype: bf16 under mixed precision) on
+    this process's threads (best of a few timed runs). Its operands come from a generator
+    of its own: the global RNG, which seeds sampling, is left as it was."""
     generator = torch.Generator().manual_seed(0)
-    a = torch.randn(size, size, generator=generator)
-    b = torch.randn(size, size, generator=generator)
+    a = torch.randn(size, size, generator=generator).to(dtype)
+    b = torch.randn(size, size, generator=generator).to(dtype)
     torch.mm(a, b)  # warm-up
     best = 0.0
     for _ in range(3):

@@ -11,6 +11,10 @@ no attention mask; transformers then attends within each row only (a block-diago
 mask built from the position ids on CPU; flash-attention's variable-length kernels on GPU).
 The outputs at the predicting positions are gathered back to [B, R]. Short rows share a bin
 instead of each padding to the longest; the results equal the padded path's (tested to 1e-5).
+
+Batches come in on the module's device, and the outputs stay there: moving them is the
+callers' one seam (`training.ppo`). Logits become fp32 before any log-softmax, so under
+mixed precision the log-probs, entropies and values are fp32 all the same.
 """
 
 from __future__ import annotations
@@ -21,46 +25,43 @@ from dagrl.algorithms import entropy_from_logits, log_probs_from_logits
 from dagrl.batch import Batch
 
 
-def _model_inputs(batch: Batch, device: torch.device) -> dict[str, torch.Tensor]:
-    return {
-        "input_ids": batch.tensors["input_ids"].to(device),
-        "attention_mask": batch.tensors["attention_mask"].to(device),
-        "position_ids": batch.tensors["position_ids"].to(device),
-    }
-
-
 def predicting_outputs(module: torch.nn.Module, batch: Batch,
                        remove_padding: bool = False) -> torch.Tensor:
     """The model's output (`.logits`) at each position that predicts a response token:
-    column P-1+t for response token t. # [B, R, X]"""
-    device = next(module.parameters()).device
-    prompt_width = batch.tensors["prompts"].shape[1]
-    response_width = batch.tensors["responses"].shape[1]
+    column P-1+t for response token t. # [B, R, X]
+
+    `batch` is on the module's device already (the seam is the caller's: `training.ppo`)."""
+    tensors = batch.tensors
+    prompt_width = tensors["prompts"].shape[1]
+    response_width = tensors["responses"].shape[1]
     window = slice(prompt_width - 1, prompt_width - 1 + response_width)
     if not remove_padding:
-        outputs = module(**_model_inputs(batch, device), use_cache=False).logits  # [B, P+R, X]
-        return outputs[:, window]
-    attended = batch.tensors["attention_mask"].bool()  # [B, P+R]
-    counts = attended.sum(dim=1)  # [B]
+        outputs = module(input_ids=tensors["input_ids"], attention_mask=tensors["attention_mask"],
+                         position_ids=tensors["position_ids"], use_cache=False).logits
+        return outputs[:, window]  # of [B, P+R, X]
+    attended = tensors["attention_mask"].bool()  # [B, P+R]
+    device = attended.device
+    counts = attended.sum(dim=1).cpu()  # [B]
     bins, slot = _bins(counts.tolist())
     width = max(1, int(counts.max())) if len(counts) else 1
-    ids = torch.zeros(len(bins), width, dtype=torch.long)  # [K, C]
-    positions = torch.arange(width).repeat(len(bins), 1)  # [K, C]: a bin's tail restarts at 0
+    ids = torch.zeros(len(bins), width, dtype=torch.long, device=device)  # [K, C]
+    # [K, C]: a bin's tail restarts at 0
+    positions = torch.arange(width, device=device).repeat(len(bins), 1)
     for index, rows in enumerate(bins):
         offset = 0
         for row in rows:
             n = int(counts[row])
-            ids[index, offset:offset + n] = batch.tensors["input_ids"][row][attended[row]]
-            positions[index, offset:offset + n] = batch.tensors["position_ids"][row][attended[row]]
+            ids[index, offset:offset + n] = tensors["input_ids"][row][attended[row]]
+            positions[index, offset:offset + n] = tensors["position_ids"][row][attended[row]]
             offset += n
-        positions[index, offset:] = torch.arange(width - offset)
-    packed = module(input_ids=ids.to(device), position_ids=positions.to(device),
-                    attention_mask=None, use_cache=False).logits  # [K, C, X]
+        positions[index, offset:] = torch.arange(width - offset, device=device)
+    packed = module(input_ids=ids, position_ids=positions, attention_mask=None,
+                    use_cache=False).logits  # [K, C, X]
     packed = packed.reshape(-1, packed.shape[-1])  # [K * C, X]
-    flat = attended.long().cumsum(dim=1) - 1 + torch.tensor(slot)[:, None]  # [B, P+R]
+    flat = attended.long().cumsum(dim=1) - 1 + torch.tensor(slot, device=device)[:, None]
     where, valid = flat[:, window], attended[:, window]  # [B, R]
-    gathered = packed[where.clamp(min=0).to(device)]  # [B, R, X]
-    return gathered * valid.to(device)[..., None]
+    gathered = packed[where.clamp(min=0)]  # [B, R, X]
+    return gathered * valid[..., None]
 
 
 def _bins(lengths: list[int]) -> tuple[list[list[int]], list[int]]:
@@ -97,7 +98,7 @@ def response_log_probs(module: torch.nn.Module, batch: Batch, temperature: float
                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log-prob of each response token [B, R], entropy [B, R] or None)."""
     logits = response_logits(module, batch, temperature, remove_padding)  # [B, R, V]
-    responses = batch.tensors["responses"].to(logits.device)  # [B, R]
+    responses = batch.tensors["responses"]  # [B, R]
     log_probs = log_probs_from_logits(logits, responses)  # [B, R]
     entropy = entropy_from_logits(logits) if with_entropy else None  # [B, R]
     return log_probs, entropy

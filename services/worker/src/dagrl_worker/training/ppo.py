@@ -13,8 +13,10 @@ token-balanced resharding make shards uneven). The loops stay in lock step anywa
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -108,6 +110,7 @@ def run_minibatches(engine: TrainEngine, rows: Batch, plan: MiniBatchPlan, step:
             for index, micro in enumerate(micros):
                 is_padding = micro is None or len(micro) == 0
                 batch = masked_out_row(template) if micro is None or is_padding else micro
+                batch = batch.to(engine.device)  # the seam: host rows onto the device
                 local = 0.0 if is_padding else _denominator(batch.tensors["response_mask"], mode)
                 scale = engine.dp.size * local / max(global_denominator, 1.0)
                 with engine.accumulate(index == len(micros) - 1), telemetry.phase_span(
@@ -200,9 +203,10 @@ def update_actor(engine: TrainEngine, rows: Batch, update: ActorUpdate, plan: Mi
 
     def micro_step(batch: Batch, scale: float) -> None:
         mask = batch.tensors["response_mask"].float()  # [b, R]
-        log_prob, entropy = response_log_probs(engine.module, batch, temperature,
-                                               with_entropy=True,
-                                               remove_padding=update.remove_padding)
+        with engine.compute():
+            log_prob, entropy = response_log_probs(engine.module, batch, temperature,
+                                                   with_entropy=True,
+                                                   remove_padding=update.remove_padding)
         if measure_gap and engine.steps_taken == steps_before:
             record_mismatch(log_prob.detach(), batch, sink)
         old = log_prob.detach() if from_update else batch.tensors["old_log_probs"]
@@ -248,8 +252,9 @@ def update_critic(engine: TrainEngine, rows: Batch, config: CriticConfig,
 
     def micro_step(batch: Batch, scale: float) -> None:
         mask = batch.tensors["response_mask"].float()  # [b, R]
-        values = response_values(engine.module, batch,
-                                 config.model.use_remove_padding)  # [b, R]
+        with engine.compute():
+            values = response_values(engine.module, batch,
+                                     config.model.use_remove_padding)  # [b, R]
         vf_loss, vf_clipfrac = compute_value_loss(
             values, batch.tensors["returns"], batch.tensors["values"], mask,
             config.cliprange_value, mode)
@@ -266,23 +271,56 @@ def update_critic(engine: TrainEngine, rows: Batch, config: CriticConfig,
     sink.add(telemetry.KEY_CRITIC_LR, engine.lr, Reduce.MAX)
 
 
-@torch.no_grad()
-def forward_in_micro_batches(module: torch.nn.Module, rows: Batch, micro: MicroBatching,
-                             forward: Callable[[torch.nn.Module, Batch], torch.Tensor],
-                             peers: DataParallel | None = None) -> torch.Tensor:
-    """`forward` over rows in micro-batches, back in row order at full width. # [B, R]
+@dataclass(frozen=True)
+class ForwardTarget:
+    """A module for forward-only passes: its device, its precision (`compute`), and the
+    peers to pad with when it is sharded (FSDP all-gathers in forward)."""
 
-    Pass `peers` when the module is sharded (FSDP all-gathers in forward): every rank then
-    runs as many forwards as the busiest one (the extra ones on a masked-out row).
+    module: torch.nn.Module
+    device: torch.device
+    compute: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext
+    peers: DataParallel | None = None
+
+
+def frozen_target(module: torch.nn.Module) -> ForwardTarget:
+    """A plain module (the reference, a scorer) on whatever device it lives on."""
+    return ForwardTarget(module, next(module.parameters()).device)
+
+
+def forward_module(engine: TrainEngine) -> ForwardTarget:
+    """A trained model's forward-only passes: the engine's device and precision.
+
+    DDP's forward needs no collective, so forward-only passes use the unwrapped module.
     """
+    if engine.strategy == "fsdp" and engine.dp.is_distributed:
+        return ForwardTarget(engine.module, engine.device, engine.compute, engine.dp)
+    return ForwardTarget(engine.inner, engine.device, engine.compute)
+
+
+@torch.no_grad()
+def forward_in_micro_batches(target: ForwardTarget | torch.nn.Module, rows: Batch,
+                             micro: MicroBatching,
+                             forward: Callable[[torch.nn.Module, Batch], torch.Tensor]
+                             ) -> torch.Tensor:
+    """`forward` over rows in micro-batches, back on the host in row order at full width.
+
+    [B, R]. Each micro-batch crosses to the target's device and its output comes back: the
+    seam. A sharded target's every rank runs as many forwards as the busiest one (the extra
+    ones on a masked-out row).
+    """
+    if isinstance(target, torch.nn.Module):
+        target = frozen_target(target)
     groups, pieces = micro.pieces(rows) if len(rows) else ([], [])
+    peers = target.peers
     padding = peers.max_int(len(pieces)) - len(pieces) if peers is not None else 0
+    module = target.module
     was_training = module.training
     module.eval()
     try:
-        outputs = [forward(module, piece) for piece in pieces]
-        for _ in range(padding):
-            forward(module, masked_out_row(rows))
+        with target.compute():
+            outputs = [forward(module, piece.to(target.device)).cpu() for piece in pieces]
+            for _ in range(padding):
+                forward(module, masked_out_row(rows).to(target.device))
     finally:
         module.train(was_training)
     width = rows.tensors["responses"].shape[1]
@@ -293,27 +331,15 @@ def forward_in_micro_batches(module: torch.nn.Module, rows: Batch, micro: MicroB
     return scatter_rows(outputs, groups, len(rows), width)
 
 
-def forward_module(engine: TrainEngine) -> tuple[torch.nn.Module, DataParallel | None]:
-    """The module to run forward-only passes on, and the peers to pad with if sharded.
-
-    DDP's forward needs no collective, so forward-only passes use the unwrapped module.
-    """
-    if engine.strategy == "fsdp" and engine.dp.is_distributed:
-        return engine.module, engine.dp
-    return engine.inner, None
-
-
-def compute_log_probs(module: torch.nn.Module, rows: Batch, micro: MicroBatching,
-                      temperature: float, peers: DataParallel | None = None,
+def compute_log_probs(target: ForwardTarget | torch.nn.Module, rows: Batch,
+                      micro: MicroBatching, temperature: float,
                       remove_padding: bool = False) -> torch.Tensor:
     return forward_in_micro_batches(
-        module, rows, micro,
-        lambda m, b: response_log_probs(m, b, temperature, remove_padding=remove_padding)[0],
-        peers)
+        target, rows, micro,
+        lambda m, b: response_log_probs(m, b, temperature, remove_padding=remove_padding)[0])
 
 
-def compute_values(module: torch.nn.Module, rows: Batch, micro: MicroBatching,
-                   peers: DataParallel | None = None,
-                   remove_padding: bool = False) -> torch.Tensor:
+def compute_values(target: ForwardTarget | torch.nn.Module, rows: Batch,
+                   micro: MicroBatching, remove_padding: bool = False) -> torch.Tensor:
     return forward_in_micro_batches(
-        module, rows, micro, lambda m, b: response_values(m, b, remove_padding), peers)
+        target, rows, micro, lambda m, b: response_values(m, b, remove_padding))

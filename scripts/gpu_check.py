@@ -1,0 +1,330 @@
+"""`make gpu-check`: dagrl's training path on one GPU, without Ray, Redis or the services.
+
+Built for the GPU machine we can borrow (one H200; Python 3.12 with torch, transformers,
+grpcio and protobuf, but no Ray, no vLLM, no Redis and no network): plain `python3` runs it
+from a checkout, taking dagrl's packages from the checkout itself (`sys.path`). The only
+packages it needs beyond that machine's are OpenTelemetry's pure-Python wheels, which
+`make gpu-wheels` downloads into `.whl/` (carried along, installed with pip --target).
+
+It drives a DAGWorker directly, as the driver would, on the device `trainer.device` picks:
+CUDA where a GPU is visible (`--mode cuda`), else CPU with small shapes (`--mode cpu`), the
+mode `make test` runs so that this script cannot rot. Four checks, each ending in RESULT
+lines, each failing the script (exit 1) when its figure is off:
+1. demo: the demo's GRPO job (tiny model, 1 rank, assets built here) raises validation
+   accuracy;
+2. log-probs: one batch's log-probs on the device in fp32 equal the CPU's within 1e-4, and
+   under bf16 autocast within BF16_LOG_PROB_TOLERANCE;
+3. update: one policy update of a Qwen2.5-1.5B-shaped model (random init, bf16 mixed
+   precision, FSDP2 on one rank, gradient checkpointing, micro-batches of 8 x 1024 tokens):
+   tokens/s, `perf/mfu/actor`, peak memory (GPU targets: MFU >= 0.40);
+4. colocated: hf rollout -> offload -> update (weights back on the device first) -> offload
+   and reload on that model, the memory after each phase, and the parameters bit-equal over
+   an offload round trip.
+
+    python3 scripts/gpu_check.py [--mode cuda|cpu] [--assets DIR]
+    python3 scripts/gpu_check.py --wheels     # the pinned wheels it needs carried (CARRIED)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# What the GPU machine lacks of the packages this script imports: pure-Python wheels (and
+# protobuf, for the generated plan messages), pinned to this venv's versions by `--wheels`
+CARRIED = ("protobuf", "googleapis-common-protos", "opentelemetry-api", "opentelemetry-sdk",
+           "opentelemetry-semantic-conventions", "opentelemetry-proto",
+           "opentelemetry-exporter-otlp-proto-grpc", "opentelemetry-exporter-otlp-proto-common",
+           "opentelemetry-exporter-otlp-common", "opentelemetry-instrumentation",
+           "opentelemetry-instrumentation-grpc")
+if sys.argv[1:] == ["--wheels"]:  # `make gpu-wheels`: the pins, before any heavy import
+    from importlib.metadata import version
+
+    print(" ".join(f"{name}=={version(name)}" for name in CARRIED))
+    raise SystemExit(0)
+for _package in ("libs", "services/databuffer/src", "services/worker/src"):
+    sys.path.insert(0, str(ROOT / _package))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import yaml  # noqa: E402
+
+from dagrl import telemetry  # noqa: E402
+from dagrl.config import ActorConfig, OptimConfig, RolloutCorrectionConfig  # noqa: E402
+from dagrl.models import build_char_tokenizer, load_model_and_tokenizer  # noqa: E402
+from dagrl.models.demo import DemoRecipe, prepare_assets  # noqa: E402
+from dagrl.workflow import load_workflow  # noqa: E402
+from dagrl_worker.dag_worker import DAGWorker  # noqa: E402
+from dagrl_worker.device import Precision, RankDevice, rank_device  # noqa: E402
+from dagrl_worker.metrics import MetricSink  # noqa: E402
+from dagrl_worker.plan_view import colocated_plan  # noqa: E402
+from dagrl_worker.prompts import prompts_to_batch  # noqa: E402
+from dagrl_worker.rollout import HFRollout, SamplingParams  # noqa: E402
+from dagrl_worker.spec import WorkerSpec  # noqa: E402
+from dagrl_worker.training.engine import EngineOptions, TrainEngine  # noqa: E402
+from dagrl_worker.training.parallel import DataParallel  # noqa: E402
+from dagrl_worker.training.ppo import (  # noqa: E402
+    ActorUpdate,
+    ForwardTarget,
+    MiniBatchPlan,
+    compute_log_probs,
+    update_actor,
+)
+from dagrl_worker.training.token_budget import MicroBatching  # noqa: E402
+
+ACCURACY = "val/arith/accuracy"
+FP32_LOG_PROB_TOLERANCE = 1e-4
+# bf16 keeps 8 mantissa bits: the demo model's log-probs under bf16 autocast moved by up to
+# ~0.03 from fp32 on CPU; a kernel bug moves them by whole nats
+BF16_LOG_PROB_TOLERANCE = 0.1
+GPU_MFU_TARGET = 0.40
+
+
+@dataclass(frozen=True)
+class Shapes:
+    demo_steps: int
+    min_accuracy_gain: float  # validation accuracy points the demo job must add
+    hidden: int  # the update model (Qwen2.5-1.5B on GPU)
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    rows_per_micro_batch: int
+    tokens_per_row: int
+    micro_batches: int  # per update (one optimizer step)
+
+
+GPU_SHAPES = Shapes(demo_steps=100, min_accuracy_gain=0.20, hidden=1536, layers=28, heads=12,
+                    kv_heads=2, intermediate=8960, vocab=151936, rows_per_micro_batch=8,
+                    tokens_per_row=1024, micro_batches=4)
+CPU_SHAPES = Shapes(demo_steps=30, min_accuracy_gain=0.05, hidden=64, layers=2, heads=4,
+                    kv_heads=2, intermediate=128, vocab=512, rows_per_micro_batch=2,
+                    tokens_per_row=64, micro_batches=2)
+
+
+def result(name: str, value: float) -> None:
+    print(f"RESULT {name} {value:.6g}", flush=True)
+
+
+def require(ok: bool, message: str) -> None:
+    if not ok:
+        print(f"gpu-check: FAILED: {message}", file=sys.stderr, flush=True)
+        raise SystemExit(1)
+
+
+# ------------------------------------------------------------------ 1. the demo job
+def demo_job(device: RankDevice, shapes: Shapes, assets: Path, workdir: Path) -> None:
+    config = yaml.safe_load((ROOT / "examples" / "grpo_arith.yaml").read_text())
+    config["data"]["train_files"] = [str(assets / "data" / "train.parquet")]
+    config["data"]["val_files"] = [str(assets / "data" / "val.parquet")]
+    config["actor_rollout_ref"]["model"]["path"] = str(assets / "model")
+    config["trainer"].update({
+        "n_ranks_per_node": 1, "total_training_steps": shapes.demo_steps,
+        "device": device.device.type, "resume_mode": "disable", "save_freq": -1,
+        "test_freq": -1, "logger": []})
+    config["services"] = {"tracing": False}
+    plan = colocated_plan(load_workflow("grpo"), world_size=1)
+    spec = WorkerSpec("gpu-check", yaml.safe_dump(config), "", (), plan.SerializeToString(),
+                      None, str(workdir / "demo"))
+    worker = DAGWorker(spec, rank=0, has_gpu=device.is_cuda)
+    worker.init_graph()
+    started = time.perf_counter()
+    before = worker.validate(0)[ACCURACY][1]
+    for step in range(1, shapes.demo_steps + 1):
+        worker.run_step(step)
+    after = worker.validate(shapes.demo_steps)[ACCURACY][1]
+    seconds = time.perf_counter() - started
+    print(f"demo: validation accuracy {before:.1%} -> {after:.1%} in {shapes.demo_steps} steps "
+          f"({seconds:.0f} s)", flush=True)
+    result("demo_val_accuracy_before", before)
+    result("demo_val_accuracy_after", after)
+    result("demo_seconds", seconds)
+    require(after - before >= shapes.min_accuracy_gain,
+            f"the demo job moved validation accuracy {before:.3f} -> {after:.3f}, less than "
+            f"{shapes.min_accuracy_gain:.2f}")
+
+
+# ------------------------------------------------------------------ 2. log-prob parity
+def log_prob_parity(device: RankDevice, assets: Path) -> None:
+    torch.manual_seed(0)
+    model, tokenizer = load_model_and_tokenizer(assets / "model")
+    model.eval()
+    texts = ["12+34=", "7+8=", "40+51=", "3+6=", "25+13=", "60+22="]
+    rows = {"prompt_ids": [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts],
+            "index": list(range(len(texts)))}
+    batch = HFRollout(model, tokenizer).generate(prompts_to_batch(rows, tokenizer.pad_token_id,
+                                                                  "lp"),
+                                                 SamplingParams(n=4, max_new_tokens=8))
+    micro = MicroBatching(64)
+    on_cpu = compute_log_probs(model, batch, micro, 1.0)
+    moved = model.to(device.device)
+    fp32 = compute_log_probs(ForwardTarget(moved, device.device), batch, micro, 1.0)
+    bf16 = Precision(torch.bfloat16)
+    mixed = compute_log_probs(
+        ForwardTarget(moved, device.device, lambda: bf16.autocast(device.device)), batch, micro,
+        1.0)
+    mask = batch.tensors["response_mask"].bool()
+    fp32_gap = float((fp32 - on_cpu)[mask].abs().max())
+    bf16_gap = float((mixed - on_cpu)[mask].abs().max())
+    print(f"log-probs on {device.device} vs CPU: fp32 {fp32_gap:.2e}, bf16 {bf16_gap:.2e} "
+          f"({int(mask.sum())} tokens)", flush=True)
+    result("logprob_fp32_max_abs_diff", fp32_gap)
+    result("logprob_bf16_max_abs_diff", bf16_gap)
+    require(fp32_gap <= FP32_LOG_PROB_TOLERANCE, f"fp32 log-probs differ by {fp32_gap:.2e}")
+    require(bf16_gap <= BF16_LOG_PROB_TOLERANCE, f"bf16 log-probs differ by {bf16_gap:.2e}")
+
+
+# ------------------------------------------------------------------ 3. + 4. the big update
+def update_engine(device: RankDevice, shapes: Shapes) -> TrainEngine:
+    """A Qwen2-architecture model of `shapes` (random init, fp32 master weights) under FSDP2
+    on a one-rank group, bf16 mixed precision, gradient checkpointing, offload options on."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(vocab_size=shapes.vocab, hidden_size=shapes.hidden,
+                         num_hidden_layers=shapes.layers, num_attention_heads=shapes.heads,
+                         num_key_value_heads=shapes.kv_heads,
+                         intermediate_size=shapes.intermediate, tie_word_embeddings=True,
+                         max_position_embeddings=4096)
+    torch.manual_seed(0)
+    with device.device:
+        module = AutoModelForCausalLM.from_config(config, dtype=torch.float32,
+                                                  attn_implementation="sdpa")
+    module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    module.train()
+    if not dist.is_initialized():
+        init = f"file://{tempfile.mktemp(prefix='dagrl-gpu-check-')}"
+        dist.init_process_group(device.backend, init_method=init, rank=0, world_size=1)
+    options = EngineOptions("fsdp", Precision(torch.bfloat16), param_offload=True,
+                            optimizer_offload=True)
+    return TrainEngine(module, OptimConfig(lr=1e-5), total_steps=100,
+                       dp=DataParallel(dist.group.WORLD, 0, 1), options=options)
+
+
+def update_rows(shapes: Shapes):
+    """Rows of random tokens: half prompt, half response, all attended."""
+    from dagrl.batch import Batch
+
+    count = shapes.rows_per_micro_batch * shapes.micro_batches
+    half = shapes.tokens_per_row // 2
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, shapes.vocab, (count, 2 * half), generator=generator)
+    ones = torch.ones(count, half, dtype=torch.long)
+    return Batch(tensors={
+        "prompts": ids[:, :half], "responses": ids[:, half:], "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "position_ids": torch.arange(2 * half).repeat(count, 1),
+        "response_mask": ones, "advantages": torch.randn(count, half, generator=generator)})
+
+
+def timed_update(engine: TrainEngine, shapes: Shapes, device: RankDevice) -> MetricSink:
+    sink = MetricSink()
+    update = ActorUpdate(ActorConfig(use_kl_loss=False), RolloutCorrectionConfig(), 1.0)
+    plan = MiniBatchPlan(1, MicroBatching(shapes.rows_per_micro_batch), 1)
+    update_actor(engine, update_rows(shapes), update, plan, sink)
+    if device.is_cuda:
+        torch.cuda.synchronize(device.device)
+    return sink
+
+
+def update_speed(engine: TrainEngine, device: RankDevice, shapes: Shapes) -> None:
+    timed_update(engine, shapes, device)  # warm-up: allocator, kernels, optimizer state
+    device.memory_gb()  # resets the peaks
+    started = time.perf_counter()
+    sink = timed_update(engine, shapes, device)
+    seconds = time.perf_counter() - started
+    tokens = shapes.rows_per_micro_batch * shapes.micro_batches * shapes.tokens_per_row
+    mfu = sink.value(telemetry.KEY_MFU_ACTOR)
+    peak, _ = device.memory_gb()
+    params = sum(p.numel() for p in engine.inner.parameters())
+    print(f"update: {params / 1e9:.2f} B parameters, {tokens} tokens in {seconds:.2f} s, "
+          f"MFU {mfu:.3f}, peak {peak:.1f} GiB", flush=True)
+    result("update_tokens_per_s", tokens / seconds)
+    result("update_mfu", mfu)
+    result("update_peak_memory_gb", peak)
+    require(all(p.dtype == torch.float32 for p in host_parameters(engine).values()),
+            "mixed precision left parameters that are not fp32 master weights")
+    if device.is_cuda:
+        require(mfu >= GPU_MFU_TARGET, f"MFU {mfu:.3f} < {GPU_MFU_TARGET}")
+
+
+def host_parameters(engine: TrainEngine) -> dict[str, torch.Tensor]:
+    """Every parameter, unsharded, copied to the host."""
+    return {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu().clone()
+            for name, p in engine.inner.named_parameters()}
+
+
+def colocated_sequence(engine: TrainEngine, device: RankDevice, shapes: Shapes) -> None:
+    """rollout (hf, the actor's own module) -> offload -> update -> reload: memory after each
+    phase; an offload round trip leaves every parameter bit-equal."""
+    tokenizer = build_char_tokenizer()
+    rows = {"prompt_ids": [[5 + i, 6 + i, 7 + i] for i in range(16)], "index": list(range(16))}
+    prompts = prompts_to_batch(rows, tokenizer.pad_token_id, "co")
+    memory: dict[str, float] = {}
+
+    def mark(phase: str) -> None:
+        allocated = torch.cuda.memory_allocated(device.device) / 2**30 if device.is_cuda else 0
+        memory[phase] = allocated
+        result(f"colocated_{phase}_allocated_gb", allocated)
+
+    engine.ensure_on_device()
+    with engine.compute():
+        HFRollout(engine.inner, tokenizer).generate(prompts, SamplingParams(n=4,
+                                                                            max_new_tokens=32))
+    mark("rollout")
+    before = host_parameters(engine)
+    engine.offload()
+    device.release_cache()
+    mark("offloaded")
+    timed_update(engine, shapes, device)  # brings the weights back first (`compute`)
+    mark("update")
+    engine.offload()
+    engine.ensure_on_device()
+    mark("reloaded")
+    changed = host_parameters(engine)
+    moved = any(not torch.equal(before[name], changed[name]) for name in before)
+    engine.offload()
+    engine.ensure_on_device()
+    after = host_parameters(engine)
+    equal = all(torch.equal(changed[name], after[name]) for name in changed)
+    require(moved, "the update after the reload did not change the parameters")
+    result("offload_reload_bit_equal", float(equal))
+    require(equal, "parameters changed over an offload round trip")
+    if device.is_cuda:
+        require(memory["offloaded"] < 0.5 * memory["rollout"],
+                f"offloading freed too little: {memory}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--mode", choices=("cuda", "cpu"), default=None,
+                        help="default: cuda where a GPU is visible, else cpu (small shapes)")
+    parser.add_argument("--assets", type=Path, default=None,
+                        help="the demo assets (built when missing; default: a temp folder)")
+    args = parser.parse_args()
+    device = rank_device(args.mode or "auto")
+    shapes = GPU_SHAPES if device.is_cuda else CPU_SHAPES
+    name = torch.cuda.get_device_name(device.device) if device.is_cuda else "CPU (small shapes)"
+    print(f"gpu-check on {name}", flush=True)
+    result("gpu_check_cuda", float(device.is_cuda))
+    with tempfile.TemporaryDirectory(prefix="dagrl-gpu-check-") as folder:
+        workdir = Path(folder)
+        assets = args.assets or workdir / "assets"
+        prepare_assets(assets, DemoRecipe.for_tests())
+        demo_job(device, shapes, assets, workdir)
+        log_prob_parity(device, assets)
+        engine = update_engine(device, shapes)
+        update_speed(engine, device, shapes)
+        colocated_sequence(engine, device, shapes)
+    print("gpu-check: all checks passed", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""The rank's device, decided once, and the mixed-precision policy of each trained model.
+
+`trainer.device` decides (auto: CUDA when this process was given a GPU — Ray sets a GPU
+actor's visible devices, and the driver asks Ray for GPUs by the same rule, `wants_gpu`).
+The one decision, a `RankDevice`, sets:
+- where every model and its optimizer state live (`RankDevice.device`),
+- the process groups' backend (`backend`: NCCL on CUDA, gloo on CPU),
+- where the rollout engines run (`is_cuda`).
+Nothing else in the worker asks `torch.cuda.is_available()`.
+
+Batches cross node boundaries on the CPU (the databuffer, the codec, metrics and checkpoints
+never see a device tensor): a micro-batch moves to the device where a forward begins
+(`training.ppo`) and its outputs come back where it ends.
+
+`Precision` is one model's mixed-precision policy (`fsdp_config.mixed_precision`): bf16
+compute over fp32 master weights, by autocast (one rank, DDP) or FSDP2's
+`MixedPrecisionPolicy` (sharded); log-probs, losses and gradient clipping stay fp32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from dagrl.config import FSDPConfig, JobConfig
+from dagrl.errors import ConfigError
+
+DeviceSetting = str  # trainer.device: "auto", "cpu" or "cuda"
+
+
+def wants_gpu(setting: DeviceSetting, gpus_available: bool) -> bool:
+    """Whether ranks run on GPUs: `trainer.device`, with auto following what is there (the
+    driver: the Ray cluster's GPUs; a rank: the GPU Ray gave it)."""
+    if setting == "cuda":
+        return True
+    return setting == "auto" and gpus_available
+
+
+@dataclass(frozen=True)
+class RankDevice:
+    device: torch.device
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def backend(self) -> str:
+        """torch.distributed backend of this rank's process groups."""
+        return "nccl" if self.is_cuda else "gloo"
+
+    def memory_gb(self) -> tuple[float, float]:
+        """(max allocated, max reserved) GiB on this rank's GPU since the last call; zeros on
+        CPU. Resets the peaks, so each step reports its own."""
+        if not self.is_cuda:
+            return 0.0, 0.0
+        allocated = torch.cuda.max_memory_allocated(self.device) / 2**30
+        reserved = torch.cuda.max_memory_reserved(self.device) / 2**30
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return allocated, reserved
+
+    def release_cache(self) -> None:
+        """Hand the caching allocator's free blocks back (phase boundaries: the colocated
+        engine wakes into that memory)."""
+        if self.is_cuda:
+            torch.cuda.empty_cache()
+
+
+CPU = RankDevice(torch.device("cpu"))
+
+
+def rank_device(setting: DeviceSetting, has_gpu: bool | None = None) -> RankDevice:
+    """This process's device. `has_gpu`: whether it was given a GPU (a Ray actor: its GPU
+    ids); None outside Ray: whether torch sees one. Selects the GPU (`set_device`)."""
+    if has_gpu is None:
+        has_gpu = torch.cuda.is_available()
+    if setting == "cuda" and not has_gpu:
+        raise ConfigError("trainer.device is cuda, but this rank has no GPU (no CUDA device "
+                          "is visible to it); set trainer.device to auto or cpu, or run on a "
+                          "machine with GPUs")
+    if not wants_gpu(setting, has_gpu):
+        return CPU
+    # a Ray GPU actor sees its own GPU only; outside Ray, LOCAL_RANK picks among several
+    index = int(os.environ.get("LOCAL_RANK", "0")) % max(torch.cuda.device_count(), 1)
+    torch.cuda.set_device(index)
+    return RankDevice(torch.device("cuda", index))
+
+
+def device_problems(config: JobConfig, device: RankDevice) -> list[str]:
+    """Settings that mean nothing on this rank's device: named, with what to change."""
+    problems = []
+    model = config.actor_rollout_ref.model
+    if model.attn_implementation == "flash_attention_2":
+        if not device.is_cuda:
+            problems.append("actor_rollout_ref.model.attn_implementation is flash_attention_2, "
+                            "a GPU kernel; on CPU use sdpa (the default) or eager")
+        elif importlib.util.find_spec("flash_attn") is None:
+            problems.append("actor_rollout_ref.model.attn_implementation is flash_attention_2, "
+                            "but the flash-attn package is not installed; install it "
+                            "(pip install flash-attn) or use sdpa")
+    if not device.is_cuda:
+        for key, fsdp in fsdp_sections(config).items():
+            problems.extend(
+                f"{key}.{name} moves state between GPU and host memory; on CPU it means "
+                "nothing: set it false" for name in ("param_offload", "optimizer_offload")
+                if getattr(fsdp, name))
+    return problems
+
+
+def fsdp_sections(config: JobConfig) -> dict[str, FSDPConfig]:
+    """Each model's `fsdp_config`, by its dotted key."""
+    return {"actor_rollout_ref.actor.fsdp_config": config.actor_rollout_ref.actor.fsdp_config,
+            "actor_rollout_ref.ref.fsdp_config": config.actor_rollout_ref.ref.fsdp_config,
+            "critic.fsdp_config": config.critic.fsdp_config}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """One model's compute dtype over its (fp32) parameters; `param_dtype` float32: off."""
+
+    param_dtype: torch.dtype = torch.float32
+    reduce_dtype: torch.dtype = torch.float32
+
+    @classmethod
+    def of(cls, fsdp: FSDPConfig) -> Precision:
+        mixed = fsdp.mixed_precision
+        return cls(getattr(torch, mixed.param_dtype), getattr(torch, mixed.reduce_dtype))
+
+    @property
+    def is_mixed(self) -> bool:
+        return self.param_dtype != torch.float32
+
+    @contextlib.contextmanager
+    def autocast(self, device: torch.device) -> Iterator[None]:
+        """Forward passes in `param_dtype` (matmuls, attention) where mixed; else as is."""
+        if not self.is_mixed:
+            yield
+            return
+        with torch.autocast(device.type, dtype=self.param_dtype):
+            yield
