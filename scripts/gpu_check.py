@@ -17,9 +17,9 @@ lines, each failing the script (exit 1) when its figure is off:
 3. update: one policy update of a Qwen2.5-1.5B-shaped model (random init, bf16 mixed
    precision, FSDP2 on one rank, gradient checkpointing, micro-batches of 8 x 1024 tokens):
    tokens/s, `perf/mfu/actor`, peak memory (GPU targets: MFU >= 0.40);
-4. colocated: hf rollout -> offload -> update (weights back on the device first) -> offload
-   and reload on that model, the memory after each phase, and the parameters bit-equal over
-   an offload round trip.
+4. colocated: the same shape unsharded with `param_offload` and `optimizer_offload`: hf
+   rollout -> offload -> update (weights back on the device first) -> offload and reload, the
+   memory after each phase, and the parameters bit-equal over an offload round trip.
 
     python3 scripts/gpu_check.py [--mode cuda|cpu] [--assets DIR]
     python3 scripts/gpu_check.py --wheels     # the pinned wheels it needs carried (CARRIED)
@@ -48,8 +48,11 @@ if sys.argv[1:] == ["--wheels"]:  # `make gpu-wheels`: the pins, before any heav
 
     print(" ".join(f"{name}=={version(name)}" for name in CARRIED))
     raise SystemExit(0)
-for _package in ("libs", "services/databuffer/src", "services/worker/src"):
-    sys.path.insert(0, str(ROOT / _package))
+_SOURCES = [str(ROOT / p) for p in ("libs", "services/databuffer/src", "services/worker/src")]
+sys.path[:0] = _SOURCES
+# child processes (the demo assets' portable-kernel build) import dagrl from here too
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [*_SOURCES, *filter(None, [os.environ.get("PYTHONPATH")])])
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -183,9 +186,11 @@ def log_prob_parity(device: RankDevice, assets: Path) -> None:
 
 
 # ------------------------------------------------------------------ 3. + 4. the big update
-def update_engine(device: RankDevice, shapes: Shapes) -> TrainEngine:
-    """A Qwen2-architecture model of `shapes` (random init, fp32 master weights) under FSDP2
-    on a one-rank group, bf16 mixed precision, gradient checkpointing, offload options on."""
+def update_engine(device: RankDevice, shapes: Shapes, colocated: bool) -> TrainEngine:
+    """A Qwen2-architecture model of `shapes` (random init, fp32 master weights), bf16 mixed
+    precision, gradient checkpointing: FSDP2 on a one-rank group (the speed check), or
+    unwrapped with its parameters and optimizer state offloaded between phases (the
+    colocated sequence: `TrainEngine.offload`)."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     config = Qwen2Config(vocab_size=shapes.vocab, hidden_size=shapes.hidden,
@@ -202,8 +207,11 @@ def update_engine(device: RankDevice, shapes: Shapes) -> TrainEngine:
     if not dist.is_initialized():
         init = f"file://{tempfile.mktemp(prefix='dagrl-gpu-check-')}"
         dist.init_process_group(device.backend, init_method=init, rank=0, world_size=1)
-    options = EngineOptions("fsdp", Precision(torch.bfloat16), param_offload=True,
-                            optimizer_offload=True)
+    if colocated:
+        options = EngineOptions("ddp", Precision(torch.bfloat16), param_offload=True,
+                                optimizer_offload=True)
+        return TrainEngine(module, OptimConfig(lr=1e-5), 100, DataParallel(), options)
+    options = EngineOptions("fsdp", Precision(torch.bfloat16))
     return TrainEngine(module, OptimConfig(lr=1e-5), total_steps=100,
                        dp=DataParallel(dist.group.WORLD, 0, 1), options=options)
 
@@ -249,7 +257,7 @@ def update_speed(engine: TrainEngine, device: RankDevice, shapes: Shapes) -> Non
     result("update_tokens_per_s", tokens / seconds)
     result("update_mfu", mfu)
     result("update_peak_memory_gb", peak)
-    require(all(p.dtype == torch.float32 for p in host_parameters(engine).values()),
+    require(all(p.dtype == torch.float32 for p in engine.inner.parameters()),
             "mixed precision left parameters that are not fp32 master weights")
     if device.is_cuda:
         require(mfu >= GPU_MFU_TARGET, f"MFU {mfu:.3f} < {GPU_MFU_TARGET}")
@@ -320,9 +328,11 @@ def main() -> None:
         prepare_assets(assets, DemoRecipe.for_tests())
         demo_job(device, shapes, assets, workdir)
         log_prob_parity(device, assets)
-        engine = update_engine(device, shapes)
+        engine = update_engine(device, shapes, colocated=False)
         update_speed(engine, device, shapes)
-        colocated_sequence(engine, device, shapes)
+        del engine
+        device.release_cache()
+        colocated_sequence(update_engine(device, shapes, colocated=True), device, shapes)
     print("gpu-check: all checks passed", flush=True)
 
 

@@ -197,3 +197,18 @@ def test_a_reduce_dtype_where_nothing_reduces_in_it_is_refused() -> None:
     assert str(caught.value).count("reduce_dtype is bfloat16") == 3
     load_job_config(overrides=["actor_rollout_ref.actor.strategy=fsdp",
                                f"actor_rollout_ref.actor.{key}"])  # FSDP2's own setting
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_bf16_on_a_cpu_that_emulates_it_is_warned_about(
+        native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dagrl_worker.device as device_module
+
+    monkeypatch.setattr(device_module, "cpu_has_native_bf16", lambda: native)
+    mixed = load_job_config(overrides=[
+        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bfloat16"])
+    warnings = device_module.device_warnings(mixed, rank_device("cpu"))
+    assert len(warnings) == (0 if native else 1)
+    if warnings:
+        assert "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype" in warnings[0]
+    assert device_module.device_warnings(load_job_config(), rank_device("cpu")) == []

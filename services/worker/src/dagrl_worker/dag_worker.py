@@ -49,7 +49,7 @@ from dagrl_worker import checkpoint
 from dagrl_worker.builder import build_agent_models, build_executor, shared_tokenizer
 from dagrl_worker.config import WorkerSettings
 from dagrl_worker.dataflow import EdgeRouter, ShardStore, join_by_uid
-from dagrl_worker.device import RankDevice, device_problems, rank_device
+from dagrl_worker.device import RankDevice, device_problems, device_warnings, rank_device
 from dagrl_worker.executors.base import AgentModels, Executor, StepContext
 from dagrl_worker.metrics import MetricSink, Reduce, Summary
 from dagrl_worker.plan_view import PlanView
@@ -177,6 +177,8 @@ class DAGWorker:
         problems = device_problems(self.config, self.device)
         if problems:
             raise ConfigError(problems)
+        for warning in device_warnings(self.config, self.device) if self.rank == 0 else []:
+            log.warning("%s", warning)
         _check_model_parallel(self.plan, self.my_nodes, self.device)
         _check_redraws_stay_local(self.graph, self.plan)
         if self.max_staleness is not None:
@@ -332,6 +334,7 @@ class DAGWorker:
         output = run_node(self.executors[node_id], node_id, batch, ctx)
         if node.node_role == NodeRole.ROLLOUT:
             output = tag_rollout_version(output, ctx.policy_version)
+            self.device.release_cache()  # the engine slept: its blocks go to the trainers
         if updates and node.node_role == NodeRole.ACTOR and not ctx.validating:
             self._record_trained(node_id, batch, ctx)
         return output

@@ -112,6 +112,30 @@ def device_problems(config: JobConfig, device: RankDevice) -> list[str]:
     return problems
 
 
+def device_warnings(config: JobConfig, device: RankDevice) -> list[str]:
+    """Settings that work on this rank's device but cost more than they save."""
+    if device.is_cuda or cpu_has_native_bf16():
+        return []
+    mixed = [key for key, fsdp in fsdp_sections(config).items()
+             if fsdp.mixed_precision.param_dtype != "float32"]
+    if not mixed:
+        return []
+    return [f"{', '.join(k + '.mixed_precision.param_dtype' for k in mixed)}: bfloat16 on a "
+            "CPU without native bf16 (no AVX512-BF16 or AMX): torch emulates bf16 matmuls, "
+            "and a SmolLM2 forward+backward ran 16x slower than fp32 on an AVX2 CPU; use "
+            "float32 on this machine"]
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX-BF16, Linux)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            flags = cpuinfo.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def fsdp_sections(config: JobConfig) -> dict[str, FSDPConfig]:
     """Each model's `fsdp_config`, by its dotted key."""
     return {"actor_rollout_ref.actor.fsdp_config": config.actor_rollout_ref.actor.fsdp_config,

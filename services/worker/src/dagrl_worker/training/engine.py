@@ -28,7 +28,13 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
 )
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
 from torch.nn.parallel import DistributedDataParallel
 
 from dagrl.config import OptimConfig
@@ -91,9 +97,12 @@ class TrainEngine:
         mesh = DeviceMesh.from_group(self.dp.group, device_type=self.device.type)
         policy = MixedPrecisionPolicy(param_dtype=self.precision.param_dtype,
                                       reduce_dtype=self.precision.reduce_dtype)
+        # param_offload under FSDP2 is its own policy: the shards live in host memory and
+        # each all-gather brings them over (the optimizer steps there too), as verl does
+        offload = CPUOffloadPolicy() if self.options.param_offload else OffloadPolicy()
         for layer in _decoder_layers(module):
-            fully_shard(layer, mesh=mesh, mp_policy=policy)
-        fully_shard(module, mesh=mesh, mp_policy=policy)
+            fully_shard(layer, mesh=mesh, mp_policy=policy, offload_policy=offload)
+        fully_shard(module, mesh=mesh, mp_policy=policy, offload_policy=offload)
         return module
 
     @contextlib.contextmanager
@@ -144,10 +153,11 @@ class TrainEngine:
         """Parameters (with gradients) and optimizer state to host memory, as
         `param_offload` and `optimizer_offload` say (GPU; the colocated engine generates in
         the memory this frees). The next `compute` or optimizer step brings them back."""
-        if self.options.param_offload and not self.params_on_host:
-            self.module.to(HOST)
+        if self.options.param_offload and not self.params_on_host and not self.is_sharded:
+            self.module.to(HOST)  # (sharded: FSDP2's CPUOffloadPolicy keeps them there)
             self.params_on_host = True
-        if self.options.optimizer_offload and not self.optimizer_on_host:
+        if self.options.optimizer_offload and not self.optimizer_on_host and not (
+                self.is_sharded and self.options.param_offload):
             _move_optimizer_state(self.optimizer, HOST)
             self.optimizer_on_host = True
 
