@@ -185,6 +185,28 @@ def test_rollout_on_its_own_rank_generates_with_the_updated_policy(
             ).is_file()
 
 
+def test_fsdp2_bf16_mixed_precision_trains_fp32_master_weights(
+        ray_session: None, assets: Path, redis_server: LocalRedis, tmp_path: Path) -> None:
+    """#24: FSDP2's MixedPrecisionPolicy over gloo (bf16 all-gathers and compute, fp32
+    reduce), the reference held in bf16: the job trains, the checkpoint holds fp32 weights
+    that moved, and every step reports its memory."""
+    mixed = {"param_dtype": "bfloat16"}
+    _driver, outcome = run_job(
+        assets, redis_server, tmp_path,
+        trainer={"total_training_steps": 3, "save_freq": 3, "val_before_train": False,
+                 "test_freq": -1},
+        actor_rollout_ref={"actor.strategy": "fsdp", "actor.fsdp_config.mixed_precision": mixed,
+                           "ref.fsdp_config.mixed_precision": mixed})
+    assert outcome.state == JobState.SUCCEEDED, outcome.reason
+    assert len(series(outcome, "actor/pg_loss")) == 3
+    saved = _actor_weights(tmp_path / "ckpt", 3)
+    initial = load_file(str(assets / "model" / "model.safetensors"))
+    assert all(tensor.dtype == torch.float32 for tensor in saved.values())
+    assert any(not torch.equal(saved[name], initial[name]) for name in initial if name in saved)
+    assert min(series(outcome, "perf/cpu_memory_used_gb")) > 0.1
+    assert series(outcome, "perf/max_memory_allocated_gb") == [0.0] * 3  # no GPU here
+
+
 def test_fsdp2_actor_trains_and_checkpoints(ray_session: None, assets: Path,
                                             redis_server: LocalRedis, tmp_path: Path) -> None:
     _driver, outcome = run_job(

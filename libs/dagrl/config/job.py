@@ -155,6 +155,11 @@ class ActorConfig:
             problems.append(f"clip_ratio_c must be > 1, got {self.clip_ratio_c}")
         if self.strategy == "ddp":
             problems.extend(_unsharded_reduce_problems(self.fsdp_config, "DDP"))
+        fsdp = self.fsdp_config
+        if self.strategy == "fsdp" and fsdp.optimizer_offload and not fsdp.param_offload:
+            problems.append("fsdp_config.optimizer_offload alone under strategy fsdp: FSDP2 "
+                            "keeps the optimizer state beside the parameter shards; set "
+                            "param_offload too (FSDP2's CPUOffloadPolicy: both in host memory)")
         return problems
 
 

@@ -212,3 +212,12 @@ def test_bf16_on_a_cpu_that_emulates_it_is_warned_about(
     if warnings:
         assert "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype" in warnings[0]
     assert device_module.device_warnings(load_job_config(), rank_device("cpu")) == []
+
+
+def test_fsdp2_offloads_the_optimizer_only_with_the_parameters() -> None:
+    offload = "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"
+    with pytest.raises(ConfigError, match="set param_offload too"):
+        load_job_config(overrides=["actor_rollout_ref.actor.strategy=fsdp", offload])
+    load_job_config(overrides=["actor_rollout_ref.actor.strategy=ddp", offload])
+    load_job_config(overrides=["actor_rollout_ref.actor.strategy=fsdp", offload,
+                               "actor_rollout_ref.actor.fsdp_config.param_offload=true"])
