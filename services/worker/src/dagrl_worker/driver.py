@@ -43,7 +43,7 @@ from dagrl import metrics_file, telemetry
 from dagrl.config import to_dict
 from dagrl.jobs import JobState, JobStore
 from dagrl.telemetry import names
-from dagrl_databuffer.config import redact_url
+from dagrl.urls import redact_url, redact_urls
 from dagrl_worker.actors import DAGWorkerActor
 from dagrl_worker.driver_args import parse_args
 from dagrl_worker.machine_buffers import machine_buffer_urls, stop_machine_buffers
@@ -429,8 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     store = JobStore(redis.Redis.from_url(args.redis_url))
     try:
         spec = spec_from_store(store, args.job_id, args.redis_url)
-        log.info("job %s config:\n%s", args.job_id,
-                 yaml.safe_dump(to_dict(spec.job_config()), sort_keys=False))
+        log.info("job %s config:\n%s", args.job_id,  # a URL's secrets stay out of the log
+                 redact_urls(yaml.safe_dump(to_dict(spec.job_config()), sort_keys=False)))
         ray.init(**ray_options(args.ray_address, spec.plan_view().world_size))
         driver = Driver(spec, store)
         signal.signal(signal.SIGTERM, lambda *_: driver.request_cancel())
