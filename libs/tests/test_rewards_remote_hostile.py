@@ -5,6 +5,7 @@ headers whose values come from the environment. A real HTTP server on loopback."
 from __future__ import annotations
 
 import base64
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -36,10 +37,8 @@ def serving(answer: Answer) -> Iterator[tuple[str, list[dict[str, Any]]]]:
             self.rfile.read(length)
             seen.append({"method": self.command, "path": self.path,
                          "headers": dict(self.headers)})
-            try:
-                answer(self)
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # the client gave up
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                answer(self)  # (unless the client gave up)
 
         do_POST = do_GET = handle_one
 
@@ -103,9 +102,9 @@ def test_a_reply_trickled_byte_by_byte_times_out_as_a_whole() -> None:
 def test_a_redirect_is_refused_not_followed(location: str) -> None:
     """Item 9: a 302 would turn the POST into a GET (then "returned 0 scores"), and a redirect
     may lead off http(s): neither is followed."""
-    with serving(reply(302, b"", Location=location)) as (host, seen):
-        with pytest.raises(RewardError, match="HTTP 302.*redirects are not followed") as caught:
-            client(f"http://{host}/score").score(samples(2))
+    with (serving(reply(302, b"", Location=location)) as (host, seen),
+          pytest.raises(RewardError, match=r"HTTP 302.*redirects are not followed") as caught):
+        client(f"http://{host}/score").score(samples(2))
     assert f"http://{host}/score" in str(caught.value)
     assert [request["method"] for request in seen] == ["POST"]
 
@@ -113,16 +112,16 @@ def test_a_redirect_is_refused_not_followed(location: str) -> None:
 @pytest.mark.parametrize("number", [b"1" * 400, b"9" * 5000, b"-" + b"7" * 320])
 def test_a_score_no_float_holds_is_a_reward_error(number: bytes) -> None:
     """Item 9: a 400-digit integer raised OverflowError, a 5000-digit one ValueError."""
-    with serving(reply(200, b'{"scores": [0.5, ' + number + b"]}")) as (host, _):
-        with pytest.raises(RewardError, match="for sample 1.*finite number") as caught:
-            client(f"http://{host}/score").score(samples(2))
+    with (serving(reply(200, b'{"scores": [0.5, ' + number + b"]}")) as (host, _),
+          pytest.raises(RewardError, match=r"for sample 1.*finite number") as caught):
+        client(f"http://{host}/score").score(samples(2))
     assert f"http://{host}/score" in str(caught.value)
 
 
 def test_deeply_nested_json_is_a_reward_error() -> None:
-    with serving(reply(200, b"[" * 100_000 + b"]" * 100_000)) as (host, _):
-        with pytest.raises(RewardError, match="invalid JSON"):
-            client(f"http://{host}/score").score(samples(1))
+    with (serving(reply(200, b"[" * 100_000 + b"]" * 100_000)) as (host, _),
+          pytest.raises(RewardError, match="invalid JSON")):
+        client(f"http://{host}/score").score(samples(1))
 
 
 @pytest.mark.parametrize("port", ["99999", "65536", "0", "http", "80a"])

@@ -61,6 +61,11 @@ REFUSED = [
     (scheduler_pb2.JobSpec(config_yaml=CONFIG,
                            overrides=["reward.remote_url=http://127.0.0.1:99999/score"]),
      "reward: remote_url 'http://127.0.0.1:99999/score' has an invalid port"),
+    (scheduler_pb2.JobSpec(config_yaml=CONFIG,
+                           overrides=["trainer.experiment_name=../../../../tmp/x"]),
+     "trainer: experiment_name '../../../../tmp/x' is a path, not a name"),
+    (scheduler_pb2.JobSpec(config_yaml=CONFIG, name="job\x1b[2J"),
+     "JobSpec.name 'job\\x1b[2J' must be one line of printable characters"),
 ]
 
 
@@ -83,7 +88,8 @@ def client(scheduler: SchedulerServer) -> scheduler_pb2_grpc.SchedulerServiceStu
 
 @pytest.mark.parametrize(("spec", "key"), REFUSED,
                          ids=["no_model_path", "reward_fn_form", "negative_steps", "no_old_lp",
-                              "nested_judge_parser", "port_out_of_range"])
+                              "nested_judge_parser", "port_out_of_range", "path_as_name",
+                              "escape_in_job_name"])
 def test_a_job_that_would_fail_at_launch_is_invalid_argument_naming_the_key(
         client: scheduler_pb2_grpc.SchedulerServiceStub, spec: scheduler_pb2.JobSpec,
         key: str) -> None:

@@ -17,6 +17,7 @@ from typing import Literal
 
 from dagrl.config.reward import RewardConfig, reward_length_problems
 from dagrl.config.typed import nested, option
+from dagrl.names import path_component_problem
 
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 # How a multi-agent workflow's agents share ranks (single-agent workflows ignore it):
@@ -366,7 +367,9 @@ class TrainerConfig:
         unknown = sorted(set(self.logger) - known)
         if unknown:
             problems.append(f"logger has unknown backends {unknown}; use {sorted(known)}")
-        return problems
+        names = (path_component_problem(key, getattr(self, key))
+                 for key in ("project_name", "experiment_name"))
+        return problems + [problem for problem in names if problem]
 
 
 @dataclass(frozen=True)
