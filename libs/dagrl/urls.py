@@ -13,9 +13,10 @@ import re
 from urllib.parse import urlsplit
 
 HIDDEN = "***"
-# scheme://[userinfo@]rest[?query|#fragment], ending at whitespace or a quote or bracket
+# scheme://[userinfo@]rest[?query|#fragment], ending at whitespace or a quote or bracket; the
+# scheme's length is bounded so that a long run of letters costs linear time, not quadratic
 _URL_IN_TEXT = re.compile(
-    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s/?#@'\"<>]*@)?"
+    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]{0,31}://)(?P<userinfo>[^\s/?#@'\"<>]*@)?"
     r"(?P<rest>[^\s?#'\"<>]*)(?P<query>[?#][^\s'\"<>)]*)?")
 
 
