@@ -55,7 +55,7 @@ REFUSED = [
     (scheduler_pb2.JobSpec(config_yaml=CONFIG, workflow_yaml=NO_OLD_LOG_PROB,
                            workflow_source="flows/no_old.yaml"),
      "actor_rollout_ref.actor.use_rollout_log_probs"),
-    # issue 27: a regex `re` overflowed on (INTERNAL), a port that wrapped modulo 65536
+    # issue 27: a regex `re` overflowed on (INTERNAL), a port that wrapped modulo 65536, ...
     (scheduler_pb2.JobSpec(config_yaml=CONFIG, workflow_yaml=JUDGED),
      "node 'judge': config.judge_parser"),
     (scheduler_pb2.JobSpec(config_yaml=CONFIG,
@@ -64,6 +64,14 @@ REFUSED = [
     (scheduler_pb2.JobSpec(config_yaml=CONFIG,
                            overrides=["trainer.experiment_name=../../../../tmp/x"]),
      "trainer: experiment_name '../../../../tmp/x' is a path, not a name"),
+    (scheduler_pb2.JobSpec(config_yaml=CONFIG, overrides=[
+        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.max_model_len=64"]),
+     "actor_rollout_ref.rollout.max_model_len (64) is shorter than"),
+    # trainer.device auto: this CPU machine's cluster (cluster_from_config) decides
+    (scheduler_pb2.JobSpec(config_yaml=CONFIG, overrides=[
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2"]),
+     "tensor_model_parallel_size is 2, but the job's ranks run on CPU"),
     (scheduler_pb2.JobSpec(config_yaml=CONFIG, name="job\x1b[2J"),
      "JobSpec.name 'job\\x1b[2J' must be one line of printable characters"),
 ]
@@ -89,7 +97,7 @@ def client(scheduler: SchedulerServer) -> scheduler_pb2_grpc.SchedulerServiceStu
 @pytest.mark.parametrize(("spec", "key"), REFUSED,
                          ids=["no_model_path", "reward_fn_form", "negative_steps", "no_old_lp",
                               "nested_judge_parser", "port_out_of_range", "path_as_name",
-                              "escape_in_job_name"])
+                              "vllm_max_model_len", "vllm_tp_on_cpu", "escape_in_job_name"])
 def test_a_job_that_would_fail_at_launch_is_invalid_argument_naming_the_key(
         client: scheduler_pb2_grpc.SchedulerServiceStub, spec: scheduler_pb2.JobSpec,
         key: str) -> None:
