@@ -52,14 +52,23 @@ def engine_device_problems(config: JobConfig, device_kinds: set[str]) -> list[st
     `trainer.device`). Checked before any rank starts: vLLM refused tensor parallelism on CPU
     only after its process groups existed (leaving shared memory behind)."""
     rollout = config.actor_rollout_ref.rollout
-    if rollout.name != "vllm" or rollout.tensor_model_parallel_size <= 1:
+    if rollout.name != "vllm" or "cpu" not in {kind.strip().lower() for kind in device_kinds}:
         return []
-    if "cpu" not in {kind.strip().lower() for kind in device_kinds}:
-        return []
-    return [f"actor_rollout_ref.rollout.tensor_model_parallel_size is "
+    problems = []
+    if rollout.tensor_model_parallel_size > 1:
+        problems.append(
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size is "
             f"{rollout.tensor_model_parallel_size}, but the job's ranks run on CPU, and vLLM's "
             "tensor parallelism needs GPUs: set it to 1 (each rollout rank runs its own engine)"
-            ", or run on GPU machines"]
+            ", or run on GPU machines")
+    tokens, length = rollout.max_num_batched_tokens, rollout.max_model_len
+    if tokens is not None and length is not None and tokens < length:
+        # on CPU dagrl prefills each prompt in one engine step (vllm_engine: no chunked prefill)
+        problems.append(
+            f"actor_rollout_ref.rollout.max_num_batched_tokens ({tokens}) is smaller than "
+            f"max_model_len ({length}); on CPU a sequence is prefilled in one engine step, so "
+            "raise max_num_batched_tokens to at least max_model_len (or unset it)")
+    return problems
 
 
 def _engine_length_problems(config: JobConfig) -> list[str]:

@@ -52,3 +52,22 @@ def test_tensor_parallelism_is_checked_against_the_clusters_devices() -> None:
     assert engine_device_problems(config, {"auto"}) == []
     assert engine_device_problems(config, {"H100"}) == []
     assert "run on CPU" in engine_device_problems(config, {"H100", "cpu"})[0]
+
+
+def test_a_fractional_cpu_kv_cache_is_refused_at_config_time() -> None:
+    """vLLM reads VLLM_CPU_KVCACHE_SPACE with int(): 0.5 failed in the engine, naming the
+    variable a dagrl user never sets."""
+    message = refusal("actor_rollout_ref.rollout.cpu_kv_cache_gb=0.5")
+    assert "rollout: cpu_kv_cache_gb must be a whole number of GiB >= 1" in message
+    assert "got 0.5" in message
+    validate_job(scheduler_pb2.JobSpec(overrides=[*VLLM, "actor_rollout_ref.rollout."
+                                                        "cpu_kv_cache_gb=2"]))
+
+
+def test_batched_tokens_below_max_model_len_are_refused_on_cpu() -> None:
+    """On CPU each prompt prefills in one step: vLLM refused this with a pydantic error."""
+    config = build(JobConfig, {"actor_rollout_ref": {"rollout": {
+        "name": "vllm", "max_model_len": 512, "max_num_batched_tokens": 256}}})
+    problems = engine_device_problems(config, {"cpu"})
+    assert "max_num_batched_tokens (256) is smaller than max_model_len (512)" in problems[0]
+    assert engine_device_problems(config, {"cuda"}) == []

@@ -185,8 +185,10 @@ class RolloutConfig:
         if not 0 < self.gpu_memory_utilization <= 1:
             problems.append("gpu_memory_utilization must be in (0, 1], got "
                             f"{self.gpu_memory_utilization}")
-        if self.cpu_kv_cache_gb <= 0:
-            problems.append(f"cpu_kv_cache_gb must be > 0, got {self.cpu_kv_cache_gb}")
+        if self.cpu_kv_cache_gb <= 0 or not float(self.cpu_kv_cache_gb).is_integer():
+            problems.append(f"cpu_kv_cache_gb must be a whole number of GiB >= 1 (vLLM reads "
+                            f"it as an integer, VLLM_CPU_KVCACHE_SPACE), got "
+                            f"{self.cpu_kv_cache_gb}")
         if self.log_prob_max_token_len_per_rank < 1:
             problems.append("log_prob_max_token_len_per_rank must be >= 1, got "
                             f"{self.log_prob_max_token_len_per_rank}")

@@ -46,6 +46,7 @@ from dagrl.telemetry import names
 from dagrl.urls import redact_url, redact_urls
 from dagrl_worker.actors import DAGWorkerActor
 from dagrl_worker.driver_args import parse_args
+from dagrl_worker.failure_reasons import failure_reason
 from dagrl_worker.machine_buffers import machine_buffer_urls, stop_machine_buffers
 from dagrl_worker.metrics import COMPUTE_SECONDS, merge
 from dagrl_worker.pipeline import Pipeline
@@ -149,16 +150,16 @@ class Driver:
                 if isinstance(exc, RayTaskError) and not _is_worker_death(exc) \
                         and not _a_rank_is_gone(workers, self.outcome.rank_nodes):
                     self.outcome.state = JobState.FAILED
-                    self.outcome.reason = f"a worker raised: {_short(exc)}"
+                    self.outcome.reason = f"a worker raised: {failure_reason(exc)}"
                     return self.outcome
                 restarts += 1
                 self.outcome.restarts = restarts
                 log.warning("a worker died (%s); restart %d of %d from the last checkpoint",
-                            _short(exc), restarts, self.config.trainer.max_restarts)
+                            failure_reason(exc), restarts, self.config.trainer.max_restarts)
                 if restarts > self.config.trainer.max_restarts:
                     self.outcome.state = JobState.FAILED
                     self.outcome.reason = (f"a worker died {restarts} times; last: "
-                                           f"{_short(exc)}")
+                                           f"{failure_reason(exc)}")
                     return self.outcome
             finally:
                 _stop_workers(workers, group)
@@ -392,11 +393,6 @@ def _is_worker_death(exc: RayTaskError) -> bool:
     return isinstance(getattr(exc, "cause", None), RayActorError)
 
 
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[-1][:500] if text else type(exc).__name__
-
-
 # ---------------------------------------------------------------------- command line
 def spec_from_store(store: JobStore, job_id: str, redis_url: str) -> WorkerSpec:
     record = store.get(job_id)
@@ -437,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         outcome = driver.run(submit_context=dict(store.get(args.job_id).trace_context))
     except Exception as exc:
         log.exception("driver failed")
-        store.set_state(args.job_id, JobState.FAILED, f"driver error: {_short(exc)}")
+        store.set_state(args.job_id, JobState.FAILED, f"driver error: {failure_reason(exc)}")
         return 1
     store.set_state(args.job_id, outcome.state, outcome.reason)
     ray.shutdown()
