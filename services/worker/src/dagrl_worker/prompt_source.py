@@ -14,6 +14,7 @@ import numpy as np
 
 from dagrl.config import JobConfig
 from dagrl.data import PromptDataset, StatefulPromptLoader
+from dagrl.data.job_files import too_few_prompts
 from dagrl.data.prompt_dataset import Overlong
 from dagrl.errors import DatasetError
 from dagrl_worker.prompts import PromptRows, dp_slice
@@ -37,13 +38,10 @@ class PromptSource:
         self.val = (PromptDataset(list(data.val_files), tokenizer, data.max_prompt_length,
                                   overlong=overlong, prompt_key=data.prompt_key)
                     if data.val_files else None)
-        if len(self.train) < data.train_batch_size:  # the loader would say "batch_size"
-            dropped = (f" ({self.train.num_filtered} over data.max_prompt_length dropped by "
-                       "data.truncation=right)" if self.train.num_filtered else "")
-            raise DatasetError(
-                f"data.train_files hold {len(self.train)} prompts{dropped}, fewer than "
-                f"data.train_batch_size={data.train_batch_size}: an epoch has no batch; lower "
-                "data.train_batch_size or add prompts")
+        too_few = too_few_prompts(len(self.train), data.train_batch_size,
+                                  self.train.num_filtered)  # the loader would say "batch_size"
+        if too_few:
+            raise DatasetError(too_few)
         self.loader = StatefulPromptLoader(self.train, data.train_batch_size,
                                            shuffle=data.shuffle, seed=data.seed)
         self._iterator: Any = None
