@@ -69,3 +69,9 @@ def test_engine_settings_are_named_by_dagrl_keys() -> None:
 def test_a_multi_line_message_is_kept_whole_on_one_line() -> None:
     reason = failure_reason(ValueError("2 problems:\n  - first\n  - second"))
     assert reason == "ValueError: 2 problems: - first - second"
+
+
+def test_a_url_in_a_reason_loses_its_secrets() -> None:
+    """The driver logs the reason (its log is 0644) before the store redacts it again."""
+    reason = failure_reason(from_a_rank(OSError("cannot open http://u:pw@h:1/x?key=K3Y")))
+    assert reason == "OSError: cannot open http://u:***@h:1/x?***"

@@ -7,6 +7,7 @@ sends), all its lines joined, less the lines that only point elsewhere (pydantic
 information visit ..." was once the whole reason). Engine messages name engine settings and
 environment variables a dagrl user never sets: `ENGINE_TERMS` rewrites them to the config keys
 that set them (`VLLM_CPU_KVCACHE_SPACE` is `actor_rollout_ref.rollout.cpu_kv_cache_gb`).
+The reason is logged as well as stored, so a URL in it loses its password and query string.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import re
 
 from ray.exceptions import RayError
+
+from dagrl.urls import redact_urls
 
 MAX_REASON_CHARS = 500
 _NOISE = re.compile(r"For further information visit https?://\S+|See https?://\S+ for more "
@@ -45,7 +48,7 @@ def failure_reason(exc: BaseException) -> str:
         text = f"{type(exc).__name__}: {exc}"
     lines = (_NOISE.sub("", line).strip() for line in text.splitlines())
     reason = " ".join(line for line in lines if line) or type(exc).__name__
-    return in_dagrl_terms(reason)[:MAX_REASON_CHARS]
+    return redact_urls(in_dagrl_terms(reason))[:MAX_REASON_CHARS]
 
 
 def in_dagrl_terms(text: str) -> str:
