@@ -2,9 +2,10 @@
 
 Built for the GPU machine we can borrow (one H200; Python 3.12 with torch, transformers,
 grpcio and protobuf, but no Ray, no vLLM, no Redis and no network): plain `python3` runs it
-from a checkout, taking dagrl's packages from the checkout itself (`sys.path`). The only
-packages it needs beyond that machine's are OpenTelemetry's pure-Python wheels, which
-`make gpu-wheels` downloads into `.whl/` (carried along, installed with pip --target).
+from a checkout, taking dagrl's packages from the checkout itself (`sys.path`). The packages
+it needs beyond that machine's (`CARRIED`: OpenTelemetry's pure-Python wheels, google-re2,
+this venv's protobuf) `make gpu-wheels` downloads into `.whl/` for Python 3.12 (carried
+along, installed there with pip --target).
 
 It drives a DAGWorker directly, as the driver would, on the device `trainer.device` picks:
 CUDA where a GPU is visible (`--mode cuda`), else CPU with small shapes (`--mode cpu`), the
@@ -36,9 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# What the GPU machine lacks of the packages this script imports: pure-Python wheels (and
-# protobuf, for the generated plan messages), pinned to this venv's versions by `--wheels`
-CARRIED = ("protobuf", "googleapis-common-protos", "opentelemetry-api", "opentelemetry-sdk",
+# What the GPU machine lacks of the packages this script imports: pure-Python wheels, and
+# protobuf (the generated plan messages) and google-re2 (config regexes), pinned to this
+# venv's versions by `--wheels`
+CARRIED = ("protobuf", "google-re2", "googleapis-common-protos", "opentelemetry-api",
+           "opentelemetry-sdk",
            "opentelemetry-semantic-conventions", "opentelemetry-proto",
            "opentelemetry-exporter-otlp-proto-grpc", "opentelemetry-exporter-otlp-proto-common",
            "opentelemetry-exporter-otlp-common", "opentelemetry-instrumentation",

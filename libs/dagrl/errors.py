@@ -125,5 +125,10 @@ class RunFolderBusyError(FailedPreconditionError):
     """Another live job holds the run folder's lock (`dagrl_worker.run_lock`)."""
 
 
+class CheckpointDamagedError(FailedPreconditionError):
+    """A checkpoint file cannot be read (`dagrl_worker.checkpoint_files`): the message names
+    the file and how to resume without it."""
+
+
 class RunReportError(NotFoundError):
     """`dagrl dashboard` found no metrics file in the folder it was given."""

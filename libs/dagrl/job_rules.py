@@ -42,7 +42,47 @@ def job_problems(config: JobConfig, graph: TaskGraph) -> list[str]:
     if node_problems:  # the other rules read the nodes' configs
         return node_problems
     return [*_checkpoint_problems(config, graph), *_old_log_prob_problems(config, graph),
-            *_model_reward_problems(graph)]
+            *_model_reward_problems(graph), *_engine_length_problems(config),
+            *engine_device_problems(config, {config.trainer.device})]
+
+
+def engine_device_problems(config: JobConfig, device_kinds: set[str]) -> list[str]:
+    """vLLM settings the job's devices cannot run: `device_kinds` are the kinds of the machines
+    the ranks get ("cpu" for none; the scheduler passes its cluster's, the config check
+    `trainer.device`). Checked before any rank starts: vLLM refused tensor parallelism on CPU
+    only after its process groups existed (leaving shared memory behind)."""
+    rollout = config.actor_rollout_ref.rollout
+    if rollout.name != "vllm" or "cpu" not in {kind.strip().lower() for kind in device_kinds}:
+        return []
+    problems = []
+    if rollout.tensor_model_parallel_size > 1:
+        problems.append(
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size is "
+            f"{rollout.tensor_model_parallel_size}, but the job's ranks run on CPU, and vLLM's "
+            "tensor parallelism needs GPUs: set it to 1 (each rollout rank runs its own engine)"
+            ", or run on GPU machines")
+    tokens, length = rollout.max_num_batched_tokens, rollout.max_model_len
+    if tokens is not None and length is not None and tokens < length:
+        # on CPU dagrl prefills each prompt in one engine step (vllm_engine: no chunked prefill)
+        problems.append(
+            f"actor_rollout_ref.rollout.max_num_batched_tokens ({tokens}) is smaller than "
+            f"max_model_len ({length}); on CPU a sequence is prefilled in one engine step, so "
+            "raise max_num_batched_tokens to at least max_model_len (or unset it)")
+    return problems
+
+
+def _engine_length_problems(config: JobConfig) -> list[str]:
+    """vLLM cuts a sequence at max_model_len silently: the response loses its EOS and reads as
+    complete (response_length/clip_ratio 0). A prompt and its response must fit."""
+    rollout, data = config.actor_rollout_ref.rollout, config.data
+    longest = data.max_prompt_length + data.max_response_length
+    if rollout.name != "vllm" or rollout.max_model_len is None or rollout.max_model_len >= longest:
+        return []
+    return [f"actor_rollout_ref.rollout.max_model_len ({rollout.max_model_len}) is shorter than "
+            f"data.max_prompt_length + data.max_response_length ({data.max_prompt_length} + "
+            f"{data.max_response_length} = {longest}): vLLM would cut responses without telling; "
+            f"raise max_model_len to at least {longest} (or leave it unset for the model's own "
+            "limit), or lower the data lengths"]
 
 
 def model_path(graph: TaskGraph, agent_group: int, role: NodeRole, config: JobConfig) -> str:

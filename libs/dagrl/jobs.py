@@ -31,6 +31,7 @@ from typing import Any
 import redis
 
 from dagrl.errors import FailedPreconditionError, NotFoundError
+from dagrl.urls import redact_urls
 
 JOBS_INDEX_KEY = "dagrl:jobs"
 
@@ -214,7 +215,8 @@ class JobStore:
                 raise JobStateError(
                     f"job {job_id} cannot go from {current.state.value} to {state.value}"
                 )
-            return {"state": state, "failure_reason": reason}
+            # shown by `dagrl status` without a token: no URL's password or query string
+            return {"state": state, "failure_reason": redact_urls(reason)}
 
         return self._transact(job_id, check)
 

@@ -87,3 +87,29 @@ def test_every_example_passes_the_schedulers_checks(example: str,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(Path(EXAMPLE).parents[1])  # examples name their workflows from the root
     validate_job(build_job_spec(f"examples/{example}", []))
+
+
+def test_data_problems_are_reported_before_any_service_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A missing file, a file without the prompt column, too few prompts for one batch: each
+    used to surface inside a rank, after Ray had started (issue 27, item 6)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"prompt": [{"role": "user", "content": "1+1="}], "ground_truth": "2",
+             "data_source": "arith"}] * 4
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "four.parquet")
+    pq.write_table(pa.Table.from_pylist([{"question": "1+1="}]), tmp_path / "bare.parquet")
+    (tmp_path / "model").mkdir()
+    job = tmp_path / "job.yaml"
+    job.write_text(f"actor_rollout_ref: {{model: {{path: {tmp_path / 'model'}}}}}\n"
+                   f"data: {{train_files: [{tmp_path / 'four.parquet'}, {tmp_path / 'gone'}],\n"
+                   f"       val_files: [{tmp_path / 'bare.parquet'}]}}\n")
+    assert main(["run", str(job)]) == 2
+    err = capsys.readouterr().err
+    assert f"data.train_files: dataset file {tmp_path / 'gone'} does not exist" in err
+    assert "data.val_files: dataset file" in err and "lacks required column(s)" in err
+    job.write_text(f"actor_rollout_ref: {{model: {{path: {tmp_path / 'model'}}}}}\n"
+                   f"data: {{train_files: [{tmp_path / 'four.parquet'}], train_batch_size: 16}}\n")
+    assert main(["run", str(job)]) == 2
+    assert "hold 4 prompts, fewer than data.train_batch_size=16" in capsys.readouterr().err

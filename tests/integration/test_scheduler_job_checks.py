@@ -30,6 +30,20 @@ nodes:
   - {node_id: advantage, node_type: COMPUTE, node_role: ADVANTAGE, dependencies: [reward]}
   - {node_id: actor_train, node_type: MODEL_TRAIN, node_role: ACTOR, dependencies: [advantage]}
 """
+NESTED_JUDGE_PARSER = "'" + "(" * 1000 + "\\d" + ")" * 1000 + "'"
+JUDGED = f"""\
+dag_id: judged
+nodes:
+  - {{node_id: rollout, node_type: MODEL_INFERENCE, node_role: ROLLOUT}}
+  - {{node_id: judge, node_type: MODEL_INFERENCE, node_role: REWARD, dependencies: [rollout],
+     config: {{judge_template: "{{response}}", judge_parser: {NESTED_JUDGE_PARSER}}}}}
+  - {{node_id: reward, node_type: COMPUTE, node_role: REWARD, dependencies: [judge]}}
+  - {{node_id: advantage, node_type: COMPUTE, node_role: ADVANTAGE, dependencies: [reward]}}
+  - {{node_id: old_log_prob, node_type: MODEL_TRAIN, node_role: ACTOR,
+     only_forward_compute: true, dependencies: [advantage]}}
+  - {{node_id: actor_train, node_type: MODEL_TRAIN, node_role: ACTOR,
+     dependencies: [old_log_prob]}}
+"""
 # (the job, a key the refusal must name)
 REFUSED = [
     (scheduler_pb2.JobSpec(config_yaml="trainer: {n_ranks_per_node: 2}\n"),
@@ -41,6 +55,25 @@ REFUSED = [
     (scheduler_pb2.JobSpec(config_yaml=CONFIG, workflow_yaml=NO_OLD_LOG_PROB,
                            workflow_source="flows/no_old.yaml"),
      "actor_rollout_ref.actor.use_rollout_log_probs"),
+    # issue 27: a regex `re` overflowed on (INTERNAL), a port that wrapped modulo 65536, ...
+    (scheduler_pb2.JobSpec(config_yaml=CONFIG, workflow_yaml=JUDGED),
+     "node 'judge': config.judge_parser"),
+    (scheduler_pb2.JobSpec(config_yaml=CONFIG,
+                           overrides=["reward.remote_url=http://127.0.0.1:99999/score"]),
+     "reward: remote_url 'http://127.0.0.1:99999/score' has an invalid port"),
+    (scheduler_pb2.JobSpec(config_yaml=CONFIG,
+                           overrides=["trainer.experiment_name=../../../../tmp/x"]),
+     "trainer: experiment_name '../../../../tmp/x' is a path, not a name"),
+    (scheduler_pb2.JobSpec(config_yaml=CONFIG, overrides=[
+        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.max_model_len=64"]),
+     "actor_rollout_ref.rollout.max_model_len (64) is shorter than"),
+    # trainer.device auto: this CPU machine's cluster (cluster_from_config) decides
+    (scheduler_pb2.JobSpec(config_yaml=CONFIG, overrides=[
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2"]),
+     "tensor_model_parallel_size is 2, but the job's ranks run on CPU"),
+    (scheduler_pb2.JobSpec(config_yaml=CONFIG, name="job\x1b[2J"),
+     "JobSpec.name 'job\\x1b[2J' must be one line of printable characters"),
 ]
 
 
@@ -62,7 +95,9 @@ def client(scheduler: SchedulerServer) -> scheduler_pb2_grpc.SchedulerServiceStu
 
 
 @pytest.mark.parametrize(("spec", "key"), REFUSED,
-                         ids=["no_model_path", "reward_fn_form", "negative_steps", "no_old_lp"])
+                         ids=["no_model_path", "reward_fn_form", "negative_steps", "no_old_lp",
+                              "nested_judge_parser", "port_out_of_range", "path_as_name",
+                              "vllm_max_model_len", "vllm_tp_on_cpu", "escape_in_job_name"])
 def test_a_job_that_would_fail_at_launch_is_invalid_argument_naming_the_key(
         client: scheduler_pb2_grpc.SchedulerServiceStub, spec: scheduler_pb2.JobSpec,
         key: str) -> None:

@@ -78,3 +78,13 @@ def test_driver_location_is_kept_and_old_records_still_load(store: JobStore,
         4242, "host-a", "/logs/job-c.log")
     client.hdel(job_key("job-c"), "driver_pid", "driver_host", "driver_log")
     assert store.get("job-c").driver_pid == 0
+
+
+def test_a_failure_reason_is_stored_without_url_secrets(store: JobStore) -> None:
+    """`dagrl status` shows the reason without a token: a URL's password and query string (an
+    API key) never reach the store (issue 27, item 3)."""
+    running(store, "job-secret")
+    store.set_state("job-secret", JobState.FAILED,
+                    "step 0: RewardError: http://u:pw@h:8000/score?key=K3Y answered HTTP 500")
+    reason = store.get("job-secret").failure_reason
+    assert reason == "step 0: RewardError: http://u:***@h:8000/score?*** answered HTTP 500"

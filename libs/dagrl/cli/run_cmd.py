@@ -42,6 +42,7 @@ from dagrl.cli.client import (
     embedded_scheduler,
 )
 from dagrl.cli.signals import SignalLatch, StopRequested, ending_signals, say
+from dagrl.data.job_files import check_data_files
 from dagrl.engines import require_engine
 from dagrl.errors import FailedPreconditionError, UnavailableError
 from dagrl.local import LocalRedis, stop_process
@@ -82,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(spec)
     require_engine(config.actor_rollout_ref.rollout.name)  # the workers run here
     check_checkpoints(config, load_graph(spec, config)[0], args.file)  # and load from here
+    check_data_files(config, args.file)  # and read the data from here, before Ray starts
     with ending_signals() as signals:
         try:
             final, stop = _run_job(args, signals)

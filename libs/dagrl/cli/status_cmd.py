@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from dagrl.cli.client import SchedulerClient, add_scheduler_option
+from dagrl.names import printable
 from dagrl.rpc.gen.common.v1 import common_pb2
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 
@@ -31,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'JOB':<30} {'STATE':<10} {'STEP':>11}  {'UPDATED':<19}  NAME")
     for job in jobs:
         print(f"{job.job_id:<30} {state_name(job.state):<10} {progress(job):>11}  "
-              f"{_when(job.updated_unix_ms):<19}  {job.name}")
+              f"{_when(job.updated_unix_ms):<19}  {printable(job.name)}")
     return 0
 
 
@@ -45,7 +46,7 @@ def progress(job: scheduler_pb2.Job) -> str:
 
 
 def format_job(job: scheduler_pb2.Job) -> str:
-    lines = [f"job       {job.job_id}", f"name      {job.name}",
+    lines = [f"job       {job.job_id}", f"name      {printable(job.name)}",
              f"state     {state_name(job.state)}", f"step      {progress(job)}",
              f"created   {_when(job.created_unix_ms)}", f"updated   {_when(job.updated_unix_ms)}"]
     if job.progress.metrics:
@@ -57,9 +58,9 @@ def format_job(job: scheduler_pb2.Job) -> str:
     if job.driver_log:
         lines.append(f"log       {job.driver_log} (on the scheduler's machine)")
     if job.waiting_reason:
-        lines.append(f"waiting   {job.waiting_reason}")
+        lines.append(f"waiting   {printable(job.waiting_reason)}")
     if job.failure_reason:
-        lines.append(f"reason    {job.failure_reason}")
+        lines.append(f"reason    {printable(job.failure_reason, keep_newlines=True)}")
     return "\n".join(lines)
 
 
@@ -69,7 +70,7 @@ def event_line(job: scheduler_pb2.Job) -> str:
     if job.progress.metrics:
         parts.append(" ".join(f"{k}={v:.4g}" for k, v in sorted(job.progress.metrics.items())))
     if job.failure_reason:
-        parts.append(f"reason: {job.failure_reason}")
+        parts.append(f"reason: {printable(job.failure_reason, keep_newlines=True)}")
     return "  ".join(parts)
 
 

@@ -17,6 +17,7 @@ from typing import Literal
 
 from dagrl.config.reward import RewardConfig, reward_length_problems
 from dagrl.config.typed import nested, option
+from dagrl.names import path_component_problem
 
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 # How a multi-agent workflow's agents share ranks (single-agent workflows ignore it):
@@ -229,8 +230,10 @@ class RolloutConfig:
         if not 0 < self.gpu_memory_utilization <= 1:
             problems.append("gpu_memory_utilization must be in (0, 1], got "
                             f"{self.gpu_memory_utilization}")
-        if self.cpu_kv_cache_gb <= 0:
-            problems.append(f"cpu_kv_cache_gb must be > 0, got {self.cpu_kv_cache_gb}")
+        if self.cpu_kv_cache_gb <= 0 or not float(self.cpu_kv_cache_gb).is_integer():
+            problems.append(f"cpu_kv_cache_gb must be a whole number of GiB >= 1 (vLLM reads "
+                            f"it as an integer, VLLM_CPU_KVCACHE_SPACE), got "
+                            f"{self.cpu_kv_cache_gb}")
         if self.log_prob_max_token_len_per_rank < 1:
             problems.append("log_prob_max_token_len_per_rank must be >= 1, got "
                             f"{self.log_prob_max_token_len_per_rank}")
@@ -421,7 +424,9 @@ class TrainerConfig:
         unknown = sorted(set(self.logger) - known)
         if unknown:
             problems.append(f"logger has unknown backends {unknown}; use {sorted(known)}")
-        return problems
+        names = (path_component_problem(key, getattr(self, key))
+                 for key in ("project_name", "experiment_name"))
+        return problems + [problem for problem in names if problem]
 
 
 @dataclass(frozen=True)

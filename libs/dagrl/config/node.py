@@ -8,10 +8,11 @@ like everywhere else in the config.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
+
+import re2
 
 from dagrl.config.job import AdvEstimator
 from dagrl.config.reward import reward_fn_problem
@@ -110,11 +111,24 @@ def judge_problems(template: str | None, parser: str) -> list[str]:
     if is_judge_parser_ref(parser):
         return problems
     try:
-        groups = re.compile(parser).groups
-    except re.error as exc:
-        return [*problems, f"judge_parser {parser!r} is neither `module:function` nor a valid "
-                           f"regex ({exc})"]
+        groups = compile_judge_parser(parser).groups
+    except re2.error as exc:
+        reason = exc.args[0].decode(errors="replace") if exc.args else str(exc)
+        return [*problems, f"judge_parser {parser!r:.80} is neither `module:function` nor a "
+                           f"regex RE2 accepts ({reason}); judge parsers run on RE2, which "
+                           "matches in linear time and so has no lookaround or backreferences: "
+                           "rewrite it without them, or name a `module:function`"]
     if groups != 1:
-        problems.append(f"judge_parser {parser!r} has {groups} capture groups; give exactly one "
-                        "around the number, e.g. 'Score: (\\d+)', or name a `module:function`")
+        problems.append(f"judge_parser {parser!r:.80} has {groups} capture groups; give exactly "
+                        "one around the number, e.g. 'Score: (\\d+)', or name a "
+                        "`module:function`")
     return problems
+
+
+def compile_judge_parser(parser: str) -> Any:
+    """`parser` compiled by RE2 (google-re2): matching takes time linear in the verdict, so no
+    pattern from a config can backtrack for minutes, and no nesting depth overflows Python's
+    stack (`re` raised RecursionError on 1000 nested groups). re2.error when RE2 refuses it."""
+    options = re2.Options()
+    options.log_errors = False  # the caller reports the error; RE2 would also print it
+    return re2.compile(parser, options=options)

@@ -13,6 +13,7 @@ The README's "Reward sources" lists them.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -20,23 +21,31 @@ from urllib.parse import urlsplit
 from dagrl.config.typed import nested, option
 from dagrl.errors import RefResolutionError
 from dagrl.refs import parse_ref
+from dagrl.urls import http_url_problem, redact_url
 
 REWARD_SOURCES = ("rule", "remote", "rm", "judge")
 LEARNED_SOURCES = ("rm", "judge")  # model scores: not what validation accuracy measures
 # `reward_fn` values that name a built-in scorer instead of `module:function`
 BUILTIN_REWARD_FNS = ("math_verify",)
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP token (RFC 9110)
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
 class RemoteRewardConfig:
     """How the `remote` source calls `reward.remote_url` (`dagrl.rewards.remote`)."""
 
-    timeout_s: float = option(30.0, "per request: connecting, and each wait for reply bytes")
+    timeout_s: float = option(30.0, "per request, all of it: connecting, sending and reading "
+                              "the whole reply")
     max_concurrency: int = option(4, "requests in flight at once, per rank")
     max_retries: int = option(3, "retries of a request that timed out, could not connect, or "
                               "was answered 429 or 5xx (other failures are not retried)")
     retry_backoff_s: float = option(0.5, "wait before retry k: retry_backoff_s * 2**k")
     batch_size: int = option(64, "samples per request")
+    headers_env: Mapping[str, str] | None = option(
+        None, "header name -> the environment variable holding its value, "
+        "read by the workers, e.g. {Authorization: REWARD_AUTH} with REWARD_AUTH='Bearer "
+        "<key>'; the config names the variable, never the secret")
 
     def check(self) -> list[str]:
         problems = []
@@ -46,7 +55,19 @@ class RemoteRewardConfig:
         for name in ("max_retries", "retry_backoff_s"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
-        return problems
+        return problems + _headers_env_problems(self.headers_env or {})
+
+
+def _headers_env_problems(headers_env: Mapping[str, str]) -> list[str]:
+    problems = []
+    for header, variable in headers_env.items():
+        if not _HEADER_NAME.fullmatch(header):
+            problems.append(f"headers_env: {header!r:.60} is not an HTTP header name (letters, "
+                            "digits and -, e.g. Authorization or X-Api-Key)")
+        if not isinstance(variable, str) or not _ENV_NAME.fullmatch(variable):
+            problems.append(f"headers_env.{header:.60}: give the name of an environment "
+                            "variable (letters, digits, _), not the secret itself")
+    return problems
 
 
 @dataclass(frozen=True)
@@ -122,13 +143,17 @@ class RewardConfig:
         if self.remote_url is None:
             return ["sources names remote, but remote_url is unset: set it to the service's "
                     "URL, e.g. http://127.0.0.1:8000/score"] if "remote" in named else []
-        if urlsplit(self.remote_url).scheme not in ("http", "https") or \
-                not urlsplit(self.remote_url).netloc:
-            return [f"remote_url {self.remote_url!r} is not an http(s) URL; write it as "
-                    "http://host:port/path"]
+        problem = http_url_problem(self.remote_url, "remote_url")
+        if problem:
+            return [problem]
         if "remote" not in named:
-            return [f"remote_url is set ({self.remote_url}) but sources does not name remote: "
-                    "add `remote: <weight>` to reward.sources, or unset remote_url"]
+            return [f"remote_url is set ({redact_url(self.remote_url)}) but sources does not "
+                    "name remote: add `remote: <weight>` to reward.sources, or unset remote_url"]
+        has_auth = any(h.lower() == "authorization" for h in self.remote.headers_env or {})
+        if has_auth and urlsplit(self.remote_url).username is not None:
+            return [f"remote_url {redact_url(self.remote_url)!r} carries credentials and "
+                    "remote.headers_env sets Authorization too: keep one (the header keeps the "
+                    "secret out of the config)"]
         return []
 
 

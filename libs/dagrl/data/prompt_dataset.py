@@ -81,8 +81,9 @@ class PromptDataset:
             if self.overlong == "error":
                 raise DatasetError(
                     f"prompt at {where} is {len(prompt_ids)} tokens, over max_prompt_length="
-                    f"{self.max_prompt_length}; raise max_prompt_length, or set overlong to "
-                    "'truncate_left' or 'filter'"
+                    f"{self.max_prompt_length}; raise data.max_prompt_length, or set "
+                    "data.truncation to 'left' (keep the prompt's last tokens) or 'right' (drop "
+                    "such prompts)"
                 )
             prompt_ids = prompt_ids[-self.max_prompt_length :]
         return {

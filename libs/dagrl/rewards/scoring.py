@@ -125,8 +125,10 @@ def compute_score(
     if scorer is None:
         raise RewardError(
             f"unknown data_source {data_source!r}: no reward rule for it. Known data sources: "
-            f"{sorted(scorers)}. Set the dataset's data_source column to one of them, or "
-            "configure a custom reward function for this dataset."
+            f"{sorted(scorers)}. Set the dataset's data_source column to one of them, or set "
+            "reward.reward_fn (a node's config.reward_fn) to math_verify or to your own "
+            "`module:function` / `path/to/file.py:function` scorer (verl's compute_score "
+            "signature)"
         )
     if not isinstance(ground_truth, str):
         raise RewardError(

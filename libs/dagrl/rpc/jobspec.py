@@ -14,6 +14,7 @@ from dagrl.config import JobConfig, apply_overrides, build, parse_yaml_mapping
 from dagrl.envs import check_agent_nodes
 from dagrl.errors import InvalidInputError
 from dagrl.job_rules import check_job
+from dagrl.names import MAX_NAME_BYTES, printable
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.workflow import TaskGraph, list_builtin_workflows, load_workflow, parse_workflow
 
@@ -45,7 +46,17 @@ def load_graph(spec: scheduler_pb2.JobSpec, config: JobConfig) -> tuple[TaskGrap
             "CLI does)")
     check_agent_nodes(graph, source)
     check_job(config, graph, f"{spec.config_source or '<config>'} with workflow {source}")
+    _check_job_name(spec.name or graph.dag_id, "JobSpec.name" if spec.name else
+                    f"{source}: dag_id")
     return graph, source
+
+
+def _check_job_name(name: str, key: str) -> None:
+    """A job's name is printed by `dagrl status` and stored: one printable line, not huge."""
+    if printable(name) != name or len(name.encode()) > MAX_NAME_BYTES:
+        raise InvalidInputError(
+            f"{key} '{printable(name):.80}' must be one line of printable characters, at most "
+            f"{MAX_NAME_BYTES} bytes; rename the job")
 
 
 def validate_job(spec: scheduler_pb2.JobSpec) -> None:

@@ -24,9 +24,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from dagrl.errors import ConfigError
+from dagrl.urls import redact_url
 
 DEFAULT_PORT = 50052
 REDIS_VALUE_LIMIT_BYTES = 512 << 20  # Redis refuses larger string values
@@ -149,17 +149,6 @@ class ServiceConfig:
         values["instances"] = [redact_url(url) for url in self.instances]
         values["token"] = "***" if self.token else None
         return values
-
-
-def redact_url(url: str) -> str:
-    """The URL with its password (if any) replaced by `***`, for logs and error messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
 
 
 def _build(kind: type, values: dict[str, Any], problems: list[str]) -> Any:

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dagrl.config import JobConfig
+from dagrl.errors import ConfigError
+from dagrl.job_rules import engine_device_problems
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.rpc.jobspec import load_config, load_graph
 from dagrl.workflow import TaskGraph
@@ -40,6 +42,10 @@ def resolve_job(spec: scheduler_pb2.JobSpec, cluster: scheduler_pb2.ClusterSpec,
         resolved_cluster = live_cluster(config)
     else:
         resolved_cluster = cluster_from_config(config)
+    kinds = {node.kind_key for node in resolved_cluster.nodes}
+    problems = engine_device_problems(config, kinds)
+    if problems:
+        raise ConfigError(problems, source=spec.config_source or "<config>")
     return ResolvedJob(config, graph, source, resolved_cluster)
 
 

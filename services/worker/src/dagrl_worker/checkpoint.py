@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
+from dagrl_worker import checkpoint_files
 from dagrl_worker.training import lora
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
@@ -42,7 +43,7 @@ def latest_step(root: Path) -> int | None:
     marker = root / LATEST_FILE
     if not marker.is_file():
         return None
-    step = int(marker.read_text().strip())
+    step = checkpoint_files.read_latest_marker(marker)
     return step if step_dir(root, step).is_dir() else None
 
 
@@ -140,7 +141,7 @@ def load_rank_state(folder: Path, rank: int) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {folder} has no state for rank {rank}; was it "
                                 "written by a job with another number of ranks?")
-    return torch.load(path, weights_only=True, map_location="cpu")  # device-free on disk
+    return checkpoint_files.read_rank_state(path)
 
 
 def save_trainer_state(folder: Path, state: dict[str, Any]) -> None:
@@ -148,4 +149,4 @@ def save_trainer_state(folder: Path, state: dict[str, Any]) -> None:
 
 
 def load_trainer_state(folder: Path) -> dict[str, Any]:
-    return json.loads((folder / "trainer.json").read_text())
+    return checkpoint_files.read_trainer_json(folder / "trainer.json")

@@ -45,7 +45,7 @@ from dagrl.job_rules import PRODUCED_BY, check_job
 from dagrl.telemetry.instruments import process_rss_bytes
 from dagrl.workflow import NodeRole, NodeType, TaskGraph
 from dagrl_databuffer.keys import attempt_namespace, validation_namespace
-from dagrl_worker import checkpoint
+from dagrl_worker import checkpoint, checkpoint_files
 from dagrl_worker.builder import build_agent_models, build_executor, shared_tokenizer
 from dagrl_worker.config import WorkerSettings
 from dagrl_worker.dataflow import EdgeRouter, ShardStore, join_by_uid
@@ -184,6 +184,8 @@ class DAGWorker:
         if self.max_staleness is not None:
             rank_sides(self.graph, self.plan)  # refuses a plan that cannot run ahead
         resume = self._latest_folder() if attempt else self._resume_folder()
+        if resume:  # a damaged weights file is named here, not deep inside transformers
+            checkpoint_files.check_safetensors(resume)
         self.attempt = attempt
         self.data_job = attempt_namespace(self.spec.job_id, attempt)
         self.prompts_source = PromptSource(self.config, shared_tokenizer(self.graph, self.config))

@@ -43,10 +43,11 @@ from dagrl import metrics_file, telemetry
 from dagrl.config import to_dict
 from dagrl.jobs import JobState, JobStore
 from dagrl.telemetry import names
-from dagrl_databuffer.config import redact_url
+from dagrl.urls import redact_url, redact_urls
 from dagrl_worker.actors import DAGWorkerActor
 from dagrl_worker.device import wants_gpu
 from dagrl_worker.driver_args import parse_args
+from dagrl_worker.failure_reasons import failure_reason
 from dagrl_worker.machine_buffers import machine_buffer_urls, stop_machine_buffers
 from dagrl_worker.metrics import COMPUTE_SECONDS, merge
 from dagrl_worker.pipeline import Pipeline
@@ -150,16 +151,16 @@ class Driver:
                 if isinstance(exc, RayTaskError) and not _is_worker_death(exc) \
                         and not _a_rank_is_gone(workers, self.outcome.rank_nodes):
                     self.outcome.state = JobState.FAILED
-                    self.outcome.reason = f"a worker raised: {_short(exc)}"
+                    self.outcome.reason = f"a worker raised: {failure_reason(exc)}"
                     return self.outcome
                 restarts += 1
                 self.outcome.restarts = restarts
                 log.warning("a worker died (%s); restart %d of %d from the last checkpoint",
-                            _short(exc), restarts, self.config.trainer.max_restarts)
+                            failure_reason(exc), restarts, self.config.trainer.max_restarts)
                 if restarts > self.config.trainer.max_restarts:
                     self.outcome.state = JobState.FAILED
                     self.outcome.reason = (f"a worker died {restarts} times; last: "
-                                           f"{_short(exc)}")
+                                           f"{failure_reason(exc)}")
                     return self.outcome
             finally:
                 _stop_workers(workers, group)
@@ -393,11 +394,6 @@ def _is_worker_death(exc: RayTaskError) -> bool:
     return isinstance(getattr(exc, "cause", None), RayActorError)
 
 
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[-1][:500] if text else type(exc).__name__
-
-
 # ---------------------------------------------------------------------- command line
 def spec_from_store(store: JobStore, job_id: str, redis_url: str) -> WorkerSpec:
     record = store.get(job_id)
@@ -430,15 +426,15 @@ def main(argv: list[str] | None = None) -> int:
     store = JobStore(redis.Redis.from_url(args.redis_url))
     try:
         spec = spec_from_store(store, args.job_id, args.redis_url)
-        log.info("job %s config:\n%s", args.job_id,
-                 yaml.safe_dump(to_dict(spec.job_config()), sort_keys=False))
+        log.info("job %s config:\n%s", args.job_id,  # a URL's secrets stay out of the log
+                 redact_urls(yaml.safe_dump(to_dict(spec.job_config()), sort_keys=False)))
         ray.init(**ray_options(args.ray_address, spec.plan_view().world_size))
         driver = Driver(spec, store)
         signal.signal(signal.SIGTERM, lambda *_: driver.request_cancel())
         outcome = driver.run(submit_context=dict(store.get(args.job_id).trace_context))
     except Exception as exc:
         log.exception("driver failed")
-        store.set_state(args.job_id, JobState.FAILED, f"driver error: {_short(exc)}")
+        store.set_state(args.job_id, JobState.FAILED, f"driver error: {failure_reason(exc)}")
         return 1
     store.set_state(args.job_id, outcome.state, outcome.reason)
     ray.shutdown()

@@ -14,11 +14,16 @@ import numpy as np
 
 from dagrl.config import JobConfig
 from dagrl.data import PromptDataset, StatefulPromptLoader
+from dagrl.data.job_files import too_few_prompts
 from dagrl.data.prompt_dataset import Overlong
 from dagrl.errors import DatasetError
 from dagrl_worker.prompts import PromptRows, dp_slice
 
 _OVERLONG: dict[str, Overlong] = {"error": "error", "left": "truncate_left", "right": "filter"}
+# the loader's saved settings -> the job keys that set them
+_LOADER_KEYS = {"batch_size": "data.train_batch_size", "seed": "data.seed",
+                "shuffle": "data.shuffle",
+                "dataset_size": "the number of prompts in data.train_files (after data.truncation)"}
 
 
 class PromptSource:
@@ -33,6 +38,10 @@ class PromptSource:
         self.val = (PromptDataset(list(data.val_files), tokenizer, data.max_prompt_length,
                                   overlong=overlong, prompt_key=data.prompt_key)
                     if data.val_files else None)
+        too_few = too_few_prompts(len(self.train), data.train_batch_size,
+                                  self.train.num_filtered)  # the loader would say "batch_size"
+        if too_few:
+            raise DatasetError(too_few)
         self.loader = StatefulPromptLoader(self.train, data.train_batch_size,
                                            shuffle=data.shuffle, seed=data.seed)
         self._iterator: Any = None
@@ -71,5 +80,17 @@ class PromptSource:
         return self.loader.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the checkpoint's prompt order; DatasetError naming the job's keys when the
+        job's data settings differ from the ones the checkpoint was saved with."""
+        current = self.loader.state_dict()
+        changed = [f"{key} was {state[name]!r} when the checkpoint was saved, is {current[name]!r} "
+                   "now" for name, key in _LOADER_KEYS.items()
+                   if name in state and state[name] != current[name]]
+        if changed:
+            raise DatasetError(
+                "this job resumes a checkpoint whose prompt order came from other data "
+                f"settings: {'; '.join(changed)}. Resume with the settings the run was saved "
+                "with, or start afresh (trainer.resume_mode=disable or another "
+                "trainer.experiment_name)")
         self.loader.load_state_dict(state)
         self._iterator = None

@@ -14,16 +14,15 @@ REWARD node downstream combines it with the other sources (`reward.sources`) int
   `{prompt}` is the sample's prompt as the policy saw it, decoded with special tokens dropped
   (so the policy's chat markup text is in it); `{response}` the decoded response;
   `{ground_truth}` the dataset's answer.
-- The parser (`judge_parser`): a regex with one capture group, searched in the verdict, whose
-  capture is the score (a number); or `module:function`, called with the verdict text, which
-  returns a number or None. A verdict no number comes out of is unparseable: it scores
+- The parser (`judge_parser`): a regex (RE2: linear time) with one capture group, searched in
+  the verdict, whose capture is the score (a number); or `module:function`, called with the
+  verdict text, which returns a number or None. A verdict no number comes out of is unparseable: it scores
   `judge_default_score` and is counted (`judge/unparseable`, `judge/unparseable_ratio`).
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -34,7 +33,7 @@ from transformers import PreTrainedTokenizerBase
 from dagrl import telemetry
 from dagrl.batch import Batch
 from dagrl.config import NodeConfig
-from dagrl.config.node import is_judge_parser_ref
+from dagrl.config.node import compile_judge_parser, is_judge_parser_ref
 from dagrl.errors import RewardError
 from dagrl.models import encode_chat_prompt
 from dagrl.refs import resolve_ref
@@ -55,14 +54,14 @@ class VerdictParser:
         self.spec = spec
         self.parse: Callable[[str], float | None] = (
             self._by_function(cast(Callable[[str], Any], resolve_ref(spec)))
-            if is_judge_parser_ref(spec) else self._by_regex(re.compile(spec)))
+            if is_judge_parser_ref(spec) else self._by_regex(compile_judge_parser(spec)))
 
     def __call__(self, verdict: str) -> float | None:
         value = self.parse(verdict)
         return value if value is not None and math.isfinite(value) else None
 
     @staticmethod
-    def _by_regex(pattern: re.Pattern[str]) -> Callable[[str], float | None]:
+    def _by_regex(pattern: Any) -> Callable[[str], float | None]:
         def parse(verdict: str) -> float | None:
             match = pattern.search(verdict)
             try:

@@ -93,7 +93,8 @@ def build_reward_sources(node_id: str, reward_fn: str | None,
         remote = RemoteRewardClient(RemoteSettings(
             url=config.remote_url, timeout_s=settings.timeout_s,
             max_concurrency=settings.max_concurrency, max_retries=settings.max_retries,
-            retry_backoff_s=settings.retry_backoff_s, batch_size=settings.batch_size))
+            retry_backoff_s=settings.retry_backoff_s, batch_size=settings.batch_size,
+            headers_env=settings.headers_env))
     return RewardSources(node_id, config, _rule_function(reward_fn, verifier), verifier, remote)
 
 
