@@ -41,9 +41,9 @@ def test_each_lock_satisfies_every_dagrl_package(lock: str) -> None:
     pinned = pins(lock)
     unmet = [f"{need} (locked {pinned.get(canonicalize_name(need.name))})"
              for need in package_requirements()
-             if canonicalize_name(need.name) in pinned and not need.specifier.contains(
+             if canonicalize_name(need.name) not in pinned or not need.specifier.contains(
                  pinned[canonicalize_name(need.name)].split("+")[0], prereleases=True)]
-    assert unmet == []
+    assert unmet == [], f"re-pin with `make lock` / `make lock-cuda`: {unmet}"
 
 
 def test_the_cuda_lock_holds_vllms_cuda_build_and_a_cuda_torch() -> None:
