@@ -13,13 +13,14 @@ import argparse
 import contextlib
 import os
 import queue
+import secrets
 import subprocess
 import sys
 import tempfile
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import grpc
 import yaml
@@ -294,13 +295,29 @@ def _is_unreachable(exc: grpc.RpcError) -> bool:
     return "failed to connect" in details or "dns resolution" in details
 
 
-# ---- an embedded scheduler for `dagrl plan` ---------------------------------------------------
+# ---- an embedded scheduler for `dagrl plan` and `dagrl run` ------------------------------------
+
+
+class SchedulerEndpoint(NamedTuple):
+    """Where a scheduler listens and the token its calls carry (an embedded scheduler's own
+    random token, which every RPC must carry; None: none)."""
+
+    address: str
+    token: str | None
+
+    def client(self) -> SchedulerClient:
+        return SchedulerClient(self.address, self.token)
 
 
 @contextlib.contextmanager
 def embedded_scheduler(redis_url: str | None = None, log_dir: str | None = None,
-                       env: Mapping[str, str] | None = None) -> Iterator[str]:
-    """A private scheduler on a free loopback port, stopped on exit; yields its address.
+                       env: Mapping[str, str] | None = None) -> Iterator[SchedulerEndpoint]:
+    """A private scheduler on a free loopback port, stopped on exit; yields its address and the
+    token it requires.
+
+    It serves only this process: it gets a fresh random token (in its environment, which only
+    this user can read, never on its command line) and `--private`, so every RPC without the
+    token — a submission by another local process, PlanJob, the reads — ends UNAUTHENTICATED.
 
     Without `redis_url` it runs plan-only (`--no-redis`: it never touches a job store,
     whatever DAGRL_REDIS_URL says), which is what `dagrl plan` needs; `dagrl run` passes the
@@ -314,15 +331,16 @@ def embedded_scheduler(redis_url: str | None = None, log_dir: str | None = None,
                  else ["--no-redis"])
         logs = ["--log-dir", log_dir] if log_dir else []
         argv = [sys.executable, "-m", "dagrl_scheduler", "--host", "127.0.0.1", "--port", "0",
-                *store, *logs, "--announce", "--log-level", "WARNING"]
+                *store, *logs, "--private", "--announce", "--log-level", "WARNING"]
+        token = secrets.token_urlsafe(32)
         try:
             process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                       stderr=log, text=True, env={**os.environ, **(env or {})},
-                                       start_new_session=True)
+                                       stderr=log, text=True, start_new_session=True,
+                                       env={**os.environ, **(env or {}), TOKEN_ENV: token})
         except OSError as exc:
             raise UnavailableError(f"cannot start an embedded scheduler: {exc}") from exc
         try:
-            yield _read_announcement(process, log)
+            yield SchedulerEndpoint(_read_announcement(process, log), token)
         finally:
             stop_process(process, grace_s=EMBEDDED_STOP_GRACE_S)
             if process.stdout is not None:

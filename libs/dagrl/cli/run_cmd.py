@@ -37,6 +37,8 @@ from tqdm import tqdm
 from dagrl.checkpoint_paths import check_checkpoints
 from dagrl.cli.client import (
     SchedulerClient,
+    SchedulerEndpoint,
+    add_token_option,
     build_job_spec,
     cluster_from_args,
     embedded_scheduler,
@@ -65,6 +67,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("overrides", nargs="*", help="dotted overrides: section.key=value")
     parser.add_argument("--scheduler", metavar="HOST:PORT",
                         help="submit to this scheduler instead of starting one")
+    add_token_option(parser)  # for --scheduler; the embedded one gets a fresh token of its own
     parser.add_argument("--redis-url", help="use this Redis instead of a private one")
     parser.add_argument("--summary-json", metavar="FILE",
                         help="write the job's final state and last metrics here")
@@ -101,8 +104,7 @@ def _run_job(args: argparse.Namespace,
              signals: SignalLatch) -> tuple[scheduler_pb2.Job, StopRequested | None]:
     """Start the services, submit, follow the job to its end; on a signal, cancel it (the
     cancel returns once its driver has stopped). Returns the job as it ended and the signal."""
-    with _services(args, signals) as (address, extra_overrides), \
-            SchedulerClient(address) as client:
+    with _services(args, signals) as (scheduler, extra_overrides), scheduler.client() as client:
         spec = build_job_spec(args.file, [*args.overrides, *extra_overrides])
         with signals.deferred():  # a job submitted is a job whose id we know
             job = client.submit(spec, cluster_from_args(args, spec))
@@ -124,12 +126,12 @@ def _cancel(client: SchedulerClient, job_id: str) -> scheduler_pb2.Job:
 
 @contextlib.contextmanager
 def _services(args: argparse.Namespace,
-              signals: SignalLatch) -> Iterator[tuple[str, list[str]]]:
-    """The scheduler's address and the overrides that point the job at the local services.
-    Once the block ends, signals no longer interrupt: the services are always stopped."""
+              signals: SignalLatch) -> Iterator[tuple[SchedulerEndpoint, list[str]]]:
+    """The scheduler (address and token) and the overrides that point the job at the local
+    services. Once the block ends, signals no longer interrupt: the services are always stopped."""
     if args.scheduler:
         try:
-            yield args.scheduler, []
+            yield SchedulerEndpoint(args.scheduler, args.token), []
         finally:
             signals.quiet()
         return
@@ -141,7 +143,7 @@ def _services(args: argparse.Namespace,
 
 
 def _start_services(args: argparse.Namespace,
-                    stack: contextlib.ExitStack) -> tuple[str, list[str]]:
+                    stack: contextlib.ExitStack) -> tuple[SchedulerEndpoint, list[str]]:
     """Redis (unless --redis-url), the metrics service (unless --no-tracing) and the
     scheduler, each stopped by `stack`."""
     redis_url = args.redis_url or stack.enter_context(LocalRedis()).url
@@ -154,8 +156,8 @@ def _start_services(args: argparse.Namespace,
         overrides.append(f"services.metrics_endpoint={endpoint}")
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://{endpoint}"  # the scheduler's spans
         say(f"dashboard: {page} (while the job runs)")
-    address = stack.enter_context(embedded_scheduler(redis_url, str(log_dir), env))
-    return address, overrides
+    scheduler = stack.enter_context(embedded_scheduler(redis_url, str(log_dir), env))
+    return scheduler, overrides
 
 
 @contextlib.contextmanager

@@ -4,6 +4,7 @@
     DAGRL_SCHEDULER_PORT            50051         gRPC port (0: any free port)
     DAGRL_REDIS_URL                 (none)        job store; without it only PlanJob works
     DAGRL_SCHEDULER_TOKEN           (none)        bearer token SubmitJob/CancelJob must carry
+                                                  (every RPC with `--private`)
     DAGRL_RAY_ADDRESS               (none)        passed to the driver as --ray-address
     DAGRL_SCHEDULER_LOG_DIR         <tmp>/dagrl-scheduler/logs   one driver log per job
     DAGRL_SCHEDULER_DRIVER_COMMAND  python -m dagrl_worker.driver   the driver to launch
@@ -16,6 +17,8 @@ WatchJob stream holds a thread of its own, on top of the MAX_WORKERS threads of 
 (`dagrl.rpc.streams`), so idle watchers never starve the API. `stop_drivers_on_exit` (flag
 `--stop-drivers-on-exit`, set by `dagrl run`'s embedded scheduler) stops the drivers this
 process started when it stops; otherwise they outlive it and a restart re-adopts them.
+`private` (flag `--private`, also set by `dagrl run`) makes every SchedulerService RPC need the
+token, reads and PlanJob included: the scheduler then serves only the CLI that started it.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class SchedulerConfig:
     max_workers: int = 16  # threads for unary RPCs
     max_streams: int = 64  # concurrent WatchJob streams, each with a thread of its own
     stop_drivers_on_exit: bool = False  # stop() stops the drivers this process started
+    private: bool = False  # every SchedulerService RPC needs the token, not only job changes
     adopted_poll_s: float = 1.0  # how often a re-adopted driver (not our child) is checked
 
     def __post_init__(self) -> None:
@@ -72,6 +76,9 @@ class SchedulerConfig:
             problems.append(f"max_streams {self.max_streams} must be >= 1")
         if self.token is not None and not self.token.strip():
             problems.append("token is set but empty: unset it or give a real token")
+        if self.private and not self.token:
+            problems.append("private is set without a token: set DAGRL_SCHEDULER_TOKEN (a "
+                            "private scheduler serves only clients that carry its token)")
         if problems:
             raise ConfigError(problems, source="scheduler settings")
 
@@ -111,7 +118,8 @@ class SchedulerConfig:
     def describe(self) -> dict[str, Any]:
         """The settings for the start-up log line; the token is never shown."""
         shown = dataclasses.asdict(self)
-        shown["token"] = "(set)" if self.token else "(none: job RPCs are open)"
+        shown["token"] = ("(set, every RPC)" if self.private else "(set)") if self.token else (
+            "(none: job RPCs are open)")
         shown["redis_url"] = _hide_password(self.redis_url) if self.redis_url else (
             "(none: only PlanJob works)")
         return shown

@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
 # Methods that change jobs: they need the bearer token when the scheduler has one.
 PROTECTED_METHODS = (f"/{SERVICE_NAME}/SubmitJob", f"/{SERVICE_NAME}/CancelJob")
+# A private scheduler (`dagrl run`'s embedded one) needs the token on every method of its own.
+ALL_METHODS = tuple(f"/{SERVICE_NAME}/{method.name}" for method in
+                    scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].methods)
 
 _STATE_TO_PROTO = {state: common_pb2.JobState.Value(f"JOB_STATE_{state.value}")
                    for state in JobState}
