@@ -28,6 +28,8 @@ import yaml
 from dagrl.config import TrainerConfig, apply_overrides
 from dagrl.errors import DagrlError, InvalidInputError, UnavailableError, YamlInputError
 from dagrl.local import stop_process
+from dagrl.local.guardian import Guardian
+from dagrl.local.processes import end_with_parent
 from dagrl.rpc.auth import with_bearer_token
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from dagrl.rpc.jobspec import load_config
@@ -311,7 +313,8 @@ class SchedulerEndpoint(NamedTuple):
 
 @contextlib.contextmanager
 def embedded_scheduler(redis_url: str | None = None, log_dir: str | None = None,
-                       env: Mapping[str, str] | None = None) -> Iterator[SchedulerEndpoint]:
+                       env: Mapping[str, str] | None = None,
+                       guardian: Guardian | None = None) -> Iterator[SchedulerEndpoint]:
     """A private scheduler on a free loopback port, stopped on exit; yields its address and the
     token it requires.
 
@@ -324,7 +327,9 @@ def embedded_scheduler(redis_url: str | None = None, log_dir: str | None = None,
     private Redis it started, so jobs can be submitted, and the scheduler stops their drivers
     when it stops (`--stop-drivers-on-exit`). It runs in a session of its own (a Ctrl-C to the
     terminal reaches only the CLI, which cancels its job through it first) and is stopped by
-    PID. Its log goes to a temporary file that is shown only when it fails to start.
+    PID. It gets SIGTERM when this process dies, however it dies (parent-death signal), and
+    `guardian` stops it too; stopping, it stops its jobs. Its log goes to a temporary file that
+    is shown only when it fails to start.
     """
     with tempfile.TemporaryFile(mode="w+") as log:
         store = (["--redis-url", redis_url, "--stop-drivers-on-exit"] if redis_url
@@ -336,10 +341,13 @@ def embedded_scheduler(redis_url: str | None = None, log_dir: str | None = None,
         try:
             process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                        stderr=log, text=True, start_new_session=True,
-                                       env={**os.environ, **(env or {}), TOKEN_ENV: token})
+                                       env={**os.environ, **(env or {}), TOKEN_ENV: token},
+                                       preexec_fn=end_with_parent)
         except OSError as exc:
             raise UnavailableError(f"cannot start an embedded scheduler: {exc}") from exc
         try:
+            if guardian is not None:
+                guardian.stop_on_death(process.pid, grace_s=EMBEDDED_STOP_GRACE_S)
             yield SchedulerEndpoint(_read_announcement(process, log), token)
         finally:
             stop_process(process, grace_s=EMBEDDED_STOP_GRACE_S)

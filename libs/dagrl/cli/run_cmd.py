@@ -47,6 +47,8 @@ from dagrl.cli.signals import SignalLatch, StopRequested, ending_signals, say
 from dagrl.engines import require_engine
 from dagrl.errors import FailedPreconditionError, UnavailableError
 from dagrl.local import LocalRedis, stop_process
+from dagrl.local.guardian import Guardian
+from dagrl.local.processes import end_with_parent
 from dagrl.local.redis_server import free_port
 from dagrl.rpc.gen.common.v1 import common_pb2
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
@@ -145,31 +147,44 @@ def _services(args: argparse.Namespace,
 def _start_services(args: argparse.Namespace,
                     stack: contextlib.ExitStack) -> tuple[SchedulerEndpoint, list[str]]:
     """Redis (unless --redis-url), the metrics service (unless --no-tracing) and the
-    scheduler, each stopped by `stack`."""
-    redis_url = args.redis_url or stack.enter_context(LocalRedis()).url
+    scheduler, each stopped by `stack`, and by a guardian should this process be killed
+    (SIGKILL) before it stops them (`dagrl.local.guardian`)."""
+    guardian = stack.enter_context(Guardian())
+    redis_url = args.redis_url or _start_redis(stack, guardian)
     log_dir = Path(args.log_dir).resolve()
     log_dir.mkdir(parents=True, exist_ok=True)
     overrides = [f"services.redis_url={redis_url}"]
     env = {}
     if not args.no_tracing:
-        endpoint, page = stack.enter_context(_embedded_metrics(log_dir))
+        endpoint, page = stack.enter_context(_embedded_metrics(log_dir, guardian))
         overrides.append(f"services.metrics_endpoint={endpoint}")
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://{endpoint}"  # the scheduler's spans
         say(f"dashboard: {page} (while the job runs)")
-    scheduler = stack.enter_context(embedded_scheduler(redis_url, str(log_dir), env))
+    scheduler = stack.enter_context(embedded_scheduler(redis_url, str(log_dir), env, guardian))
     return scheduler, overrides
 
 
+def _start_redis(stack: contextlib.ExitStack, guardian: Guardian) -> str:
+    """A private Redis. Not tied to this process's death by a signal of its own: after a
+    SIGKILL the guardian stops it last, once the scheduler has recorded how its job ended."""
+    server = stack.enter_context(LocalRedis())
+    assert server.pid is not None and server.workdir is not None
+    guardian.stop_on_death(server.pid, grace_s=5)
+    guardian.remove_on_death(server.workdir)
+    return server.url
+
+
 @contextlib.contextmanager
-def _embedded_metrics(log_dir: Path) -> Iterator[tuple[str, str]]:
+def _embedded_metrics(log_dir: Path, guardian: Guardian) -> Iterator[tuple[str, str]]:
     """A private metrics service on free loopback ports; yields (OTLP endpoint, page URL)."""
     ports = {name: free_port() for name in ("OTLP", "QUERY", "HTTP")}
     env = {**os.environ, **{f"DAGRL_METRICS_{k}_PORT": str(v) for k, v in ports.items()}}
     with (log_dir / "metrics-service.log").open("ab") as log:  # own session: see module doc
         process = subprocess.Popen([sys.executable, "-m", "dagrl_metrics"], env=env,
                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                   start_new_session=True)
+                                   start_new_session=True, preexec_fn=end_with_parent)
     try:
+        guardian.stop_on_death(process.pid, grace_s=10)
         deadline = time.monotonic() + _SERVICE_START_TIMEOUT_S
         while not _accepts("127.0.0.1", ports["OTLP"]):
             if process.poll() is not None or time.monotonic() > deadline:

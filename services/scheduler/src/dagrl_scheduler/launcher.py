@@ -45,10 +45,14 @@ def this_host() -> str:
 
 
 def driver_argv(command: Sequence[str], job_id: str, redis_url: str,
-                ray_address: str | None) -> list[str]:
+                ray_address: str | None, owner_pid: int | None = None) -> list[str]:
+    """The driver's command line; with `owner_pid` the driver cancels its job when that
+    process (the scheduler that stops its drivers on exit) is gone, however it went."""
     argv = [*command, "--job-id", job_id, "--redis-url", redis_url]
     if ray_address:
         argv += ["--ray-address", ray_address]
+    if owner_pid is not None:
+        argv += ["--owner-pid", str(owner_pid)]
     return argv
 
 

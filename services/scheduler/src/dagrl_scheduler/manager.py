@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -238,8 +239,9 @@ class JobManager:
     def _launch(self, store: JobStore, job_id: str) -> None:
         url = self._config.redis_url
         assert url is not None  # store() succeeded
+        owner = os.getpid() if self._config.stop_drivers_on_exit else None  # its jobs die with it
         argv = launcher.driver_argv(self._config.driver_command, job_id, url,
-                                    self._config.ray_address)
+                                    self._config.ray_address, owner)
         log_path = Path(self._config.log_dir) / f"{job_id}.log"
         try:
             process = launcher.start_driver(

@@ -13,4 +13,7 @@ def parse_args(argv: Sequence[str] | None, prog: str | None = None) -> argparse.
     parser.add_argument("--job-id", required=True)
     parser.add_argument("--redis-url", required=True, help="job store (and databuffer) Redis")
     parser.add_argument("--ray-address", default=None, help="Ray cluster; default: start one")
+    parser.add_argument("--owner-pid", type=int, default=None,
+                        help="cancel the job when this process (the scheduler that owns it) "
+                             "is gone, however it ended")
     return parser.parse_args(argv)
