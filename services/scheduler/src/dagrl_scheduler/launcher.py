@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from dagrl.errors import UnavailableError
+from dagrl.rendezvous import remove_rendezvous_files
 
 LOG_TAIL_LINES = 20
 # A private Ray and gloo on loopback only; a variable the user set explicitly is kept.
@@ -137,6 +138,7 @@ def stop_driver(pid: int, job_id: str, grace_s: float,
     if process is not None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=5)
+    remove_rendezvous_files(job_id)  # a killed driver could not remove its ranks' file
 
 
 def log_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:

@@ -35,6 +35,7 @@ from dagrl import telemetry
 from dagrl.config import JobConfig
 from dagrl.errors import FailedPreconditionError, UnavailableError
 from dagrl.jobs import JobEvent, JobRecord, JobState, JobStateError, JobStore, new_job_id
+from dagrl.rendezvous import remove_rendezvous_files
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl_scheduler import launcher
 from dagrl_scheduler.config import SchedulerConfig
@@ -259,6 +260,7 @@ class JobManager:
             code = wait()
             with self._lock:
                 self._children.pop(job_id, None)
+            remove_rendezvous_files(job_id)  # left behind when the driver was killed
             if self._closed.is_set():
                 return  # a restarted scheduler settles the job
             try:
