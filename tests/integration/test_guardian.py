@@ -11,12 +11,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from dagrl.local.processes import start_time
+from dagrl.local.processes import on_exit_of, start_time
 
 pytestmark = pytest.mark.integration
 
@@ -80,3 +81,15 @@ def test_a_released_guardian_touches_nothing(tmp_path: Path) -> None:
     finally:
         if start_time(child_pid) == started:
             os.kill(child_pid, signal.SIGKILL)
+
+
+def test_on_exit_of_calls_back_once_the_owner_is_gone() -> None:
+    """What a `dagrl run` job's driver relies on to cancel itself when its scheduler is
+    SIGKILLed (`DAGRL_DRIVER_OWNER_PID`)."""
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    gone = threading.Event()
+    on_exit_of(owner.pid, gone.set, poll_s=0.05)
+    assert not gone.wait(0.5)
+    owner.kill()
+    owner.wait(timeout=10)
+    assert gone.wait(5)

@@ -240,9 +240,9 @@ class SchedulerClient:
         request = scheduler_pb2.PlanJobRequest(spec=spec, cluster=cluster)
         return self._call(self._stub.PlanJob, request).plan
 
-    def submit(self, spec: scheduler_pb2.JobSpec,
-               cluster: scheduler_pb2.ClusterSpec) -> scheduler_pb2.Job:
-        request = scheduler_pb2.SubmitJobRequest(spec=spec, cluster=cluster)
+    def submit(self, spec: scheduler_pb2.JobSpec, cluster: scheduler_pb2.ClusterSpec,
+               priority: int = 0) -> scheduler_pb2.Job:
+        request = scheduler_pb2.SubmitJobRequest(spec=spec, cluster=cluster, priority=priority)
         return self._call(self._stub.SubmitJob, request).job
 
     def get(self, job_id: str) -> scheduler_pb2.Job:

@@ -11,6 +11,8 @@
     DAGRL_SCHEDULER_CANCEL_GRACE_S  10            SIGTERM -> SIGKILL wait when cancelling
     DAGRL_SCHEDULER_MAX_WORKERS     16            gRPC threads for unary RPCs (Submit, Get, ...)
     DAGRL_SCHEDULER_MAX_STREAMS     64            open WatchJob streams (more: RESOURCE_EXHAUSTED)
+    DAGRL_SCHEDULER_SLOTS           (none)        ranks all running jobs together may hold; none:
+                                                  the slots of the cluster each job is planned for
 
 The driver command gets `--job-id JOB --redis-url URL [--ray-address ADDR]` appended. Each
 WatchJob stream holds a thread of its own, on top of the MAX_WORKERS threads of unary calls
@@ -57,6 +59,7 @@ class SchedulerConfig:
     stop_drivers_on_exit: bool = False  # stop() stops the drivers this process started
     private: bool = False  # every SchedulerService RPC needs the token, not only job changes
     adopted_poll_s: float = 1.0  # how often a re-adopted driver (not our child) is checked
+    slots: int | None = None  # ranks the running jobs share; None: each job's planned cluster
 
     def __post_init__(self) -> None:
         problems = []
@@ -72,6 +75,9 @@ class SchedulerConfig:
             problems.append(f"cancel_grace_s {self.cancel_grace_s} must be >= 0")
         if self.max_workers < 2:
             problems.append(f"max_workers {self.max_workers} must be >= 2")
+        if self.slots is not None and self.slots < 1:
+            problems.append(f"slots {self.slots} must be >= 1 (unset: the slots of the "
+                            "cluster each job is planned for)")
         if self.max_streams < 1:
             problems.append(f"max_streams {self.max_streams} must be >= 1")
         if self.token is not None and not self.token.strip():
@@ -101,6 +107,7 @@ class SchedulerConfig:
             "cancel_grace_s": ("DAGRL_SCHEDULER_CANCEL_GRACE_S", float),
             "max_workers": ("DAGRL_SCHEDULER_MAX_WORKERS", int),
             "max_streams": ("DAGRL_SCHEDULER_MAX_STREAMS", int),
+            "slots": ("DAGRL_SCHEDULER_SLOTS", int),
         }
         for name, (var, kind) in numbers.items():
             if env.get(var):

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from dagrl.errors import UnavailableError
+from dagrl.jobs import DRIVER_OWNER_PID_ENV
 from dagrl.rendezvous import remove_rendezvous_files
 
 LOG_TAIL_LINES = 20
@@ -46,15 +47,18 @@ def this_host() -> str:
 
 
 def driver_argv(command: Sequence[str], job_id: str, redis_url: str,
-                ray_address: str | None, owner_pid: int | None = None) -> list[str]:
-    """The driver's command line; with `owner_pid` the driver cancels its job when that
-    process (the scheduler that stops its drivers on exit) is gone, however it went."""
+                ray_address: str | None) -> list[str]:
     argv = [*command, "--job-id", job_id, "--redis-url", redis_url]
     if ray_address:
         argv += ["--ray-address", ray_address]
-    if owner_pid is not None:
-        argv += ["--owner-pid", str(owner_pid)]
     return argv
+
+
+def owned_env(env: Mapping[str, str], owner_pid: int) -> dict[str, str]:
+    """`env` telling the driver to cancel its job when process `owner_pid` (the scheduler
+    that stops its drivers on exit) is gone, however it went (`DRIVER_OWNER_PID_ENV`; a
+    driver command that does not know it ignores it)."""
+    return {**env, DRIVER_OWNER_PID_ENV: str(owner_pid)}
 
 
 def local_ray_env(ray_address: str | None,
