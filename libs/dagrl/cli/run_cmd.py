@@ -13,7 +13,15 @@ it starts run in sessions of their own, so a Ctrl-C in the terminal (SIGINT to t
 foreground process group) reaches only this process, not Redis, the metrics service or the
 scheduler it still needs to cancel the job; they are stopped by PID afterwards. The embedded
 scheduler stops the drivers it started when it stops (`--stop-drivers-on-exit`), so a
-`dagrl run` that ends on an error leaves no job running either.
+`dagrl run` that ends on an error leaves no job running either. SIGKILL cannot be caught:
+for it a guardian process (`dagrl.local.guardian`), told of each service and folder as it is
+started, stops the scheduler (and so the job), the metrics service and Redis and removes Redis's
+folder once this process is gone; the scheduler and the metrics service also get SIGTERM from
+the kernel when it dies (parent-death signal), and the job's driver cancels the job when its
+scheduler is gone.
+
+The embedded scheduler serves only this process: every call must carry the random token it
+was started with (see `embedded_scheduler`, SECURITY.md).
 
 With `--scheduler HOST:PORT` nothing is started: it is `dagrl submit --watch`.
 """
