@@ -8,6 +8,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -30,7 +31,10 @@ def stop_process(process: subprocess.Popen, grace_s: float = 10.0) -> None:
 
 def end_with_parent() -> None:
     """In a child before exec (`preexec_fn`): SIGTERM it when its parent dies, however the
-    parent dies (PR_SET_PDEATHSIG; the parent is the thread that started it)."""
+    parent dies (PR_SET_PDEATHSIG; the parent is the thread that started it). Linux only:
+    elsewhere a no-op (the guardian, `dagrl.local.guardian`, is the other line of defence)."""
+    if not sys.platform.startswith("linux"):
+        return
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
