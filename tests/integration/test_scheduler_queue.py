@@ -18,7 +18,7 @@ import redis
 
 from dagrl.cli.client import SchedulerClient, build_job_spec
 from dagrl.cli.main import main
-from dagrl.errors import ResourceExhaustedError
+from dagrl.errors import ResourceExhaustedError, UnavailableError
 from dagrl.local.redis_server import LocalRedis
 from dagrl.rpc.gen.common.v1 import common_pb2
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
@@ -98,3 +98,24 @@ def test_a_job_that_could_never_fit_is_refused_at_submit(
                            r"runs jobs on 2 slots \(DAGRL_SCHEDULER_SLOTS\)"):
             client.submit(_spec(tmp_path, "sleep", ranks=4), CLUSTER)
         assert client.list_jobs() == []
+
+
+def test_a_driver_that_cannot_start_still_fails_the_submission(
+        redis_server: LocalRedis, tmp_path: Path) -> None:
+    """Starting through the queue keeps SubmitJob's answer when the driver cannot start."""
+    url = redis_server.url.rsplit("/", 1)[0] + "/10"
+    redis.Redis.from_url(url).flushdb()
+    server = SchedulerServer(SchedulerConfig(
+        port=0, redis_url=url, log_dir=str(tmp_path / "logs"),
+        driver_command=(str(tmp_path / "no-such-driver"),))).start()
+    try:
+        with SchedulerClient(server.address) as client:
+            with pytest.raises(UnavailableError, match="could not start the job driver"):
+                client.submit(_spec(tmp_path, "sleep"), CLUSTER)
+            (job,) = client.list_jobs()
+            assert job.state == common_pb2.JOB_STATE_FAILED
+            # its slots were given back: the next submission starts (and fails) too, not queued
+            with pytest.raises(UnavailableError, match="could not start the job driver"):
+                client.submit(_spec(tmp_path, "sleep"), CLUSTER)
+    finally:
+        server.stop()

@@ -136,7 +136,10 @@ class JobManager:
         self._dispatch(store)
         log.info("job %s submitted: %s on %d ranks", job_id, resolved.graph.dag_id,
                  plan.world_size)
-        return store.get(job_id)
+        record = store.get(job_id)
+        if record.state is JobState.FAILED:  # started at once, but its driver did not start
+            raise launcher.DriverLaunchError(record.failure_reason)
+        return record
 
     def _dispatch(self, store: JobStore) -> None:
         """Start the queued jobs that fit now, in queue order; record the others' places."""
@@ -176,7 +179,7 @@ class JobManager:
             raise FailedPreconditionError(
                 f"job {job_id} already ended ({record.state.value}); there is nothing to cancel")
         if self._queue.remove(job_id):
-            record = store.set_state(job_id, JobState.CANCELLED, "cancelled while queued")
+            store.set_state(job_id, JobState.CANCELLED, "cancelled while queued")
             store.set_queued(job_id, 0, "")
             self._dispatch(store)  # the jobs behind it move up
             return store.get(job_id)
