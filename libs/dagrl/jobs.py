@@ -101,6 +101,7 @@ class JobRecord:
     # while PENDING in the scheduler's queue: what it waits for
     waiting_reason: str = ""
     queue_position: int = 0  # while queued: 1 = the next job to start; 0: not queued
+    priority: int = 0  # queue order: higher first (SubmitJobRequest.priority)
 
     def to_hash(self) -> dict[str, bytes]:
         return {
@@ -119,6 +120,7 @@ class JobRecord:
             "trace_context": json.dumps(dict(self.trace_context)).encode(),
             "waiting_reason": self.waiting_reason.encode(),
             "queue_position": str(self.queue_position).encode(),
+            "priority": str(self.priority).encode(),
         }
 
     @classmethod
@@ -142,6 +144,7 @@ class JobRecord:
             trace_context=json.loads(text.get("trace_context", b"{}")),
             waiting_reason=text.get("waiting_reason", b"").decode(),
             queue_position=int(text.get("queue_position", b"0")),
+            priority=int(text.get("priority", b"0")),
         )
 
 

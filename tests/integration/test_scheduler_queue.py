@@ -119,3 +119,29 @@ def test_a_driver_that_cannot_start_still_fails_the_submission(
                 client.submit(_spec(tmp_path, "sleep"), CLUSTER)
     finally:
         server.stop()
+
+
+def test_a_restarted_scheduler_keeps_its_queue(redis_server: LocalRedis, tmp_path: Path) -> None:
+    url = redis_server.url.rsplit("/", 1)[0] + "/10"
+    redis.Redis.from_url(url).flushdb()
+    config = SchedulerConfig(port=0, redis_url=url, log_dir=str(tmp_path / "logs"), slots=2,
+                             driver_command=(sys.executable, str(FAKE_DRIVER)),
+                             cancel_grace_s=5.0, adopted_poll_s=0.1)
+    first = SchedulerServer(config).start()
+    with SchedulerClient(first.address) as client:
+        running = client.submit(_spec(tmp_path, "sleep"), CLUSTER)
+        later = client.submit(_spec(tmp_path, "succeed"), CLUSTER)
+        sooner = client.submit(_spec(tmp_path, "succeed"), CLUSTER, priority=3)
+    first.stop()  # its driver keeps running; the queue is in the job store
+    second = SchedulerServer(config).start()
+    try:
+        with SchedulerClient(second.address) as client:
+            assert client.get(running.job_id).state == common_pb2.JOB_STATE_RUNNING
+            assert [client.get(j.job_id).queue_position for j in (sooner, later)] == [1, 2]
+            client.cancel(running.job_id)  # the re-adopted job frees its slots
+            for job in (sooner, later):
+                _wait(client, job.job_id, lambda j: j.state == common_pb2.JOB_STATE_SUCCEEDED)
+            assert client.get(sooner.job_id).updated_unix_ms <= client.get(
+                later.job_id).updated_unix_ms
+    finally:
+        second.stop()

@@ -10,11 +10,12 @@
     cancel:  a queued job leaves the queue -> CANCELLED; a running one:
              request_cancel -> SIGTERM the driver -> wait cancel_grace_s -> SIGKILL its
              process group -> CANCELLED
-    restart: for every job that is not final: PENDING/PLANNING -> FAILED (it never launched);
+    restart: for every job that is not final: a queued PENDING job is queued again (same
+             order and priority); other PENDING/PLANNING -> FAILED (it never launched);
              RUNNING -> re-adopted when its driver is alive on this host, else FAILED
              "scheduler restarted; driver lost"
     close:   watchers end with UNAVAILABLE "shutting down"; queued jobs stay PENDING (a
-             restart fails them as never launched; CANCELLED when `stop_drivers_on_exit`);
+             restart queues them again; CANCELLED when `stop_drivers_on_exit`);
              drivers keep running, unless
              `stop_drivers_on_exit` (the embedded scheduler of `dagrl run`): then they are
              stopped like a cancel and their jobs CANCELLED
@@ -128,7 +129,7 @@ class JobManager:
             config_yaml=spec.config_yaml,
             workflow_yaml=yaml.safe_dump(resolved.graph.to_dict(), sort_keys=False),
             overrides=tuple(spec.overrides),
-            trace_context=telemetry.inject_context(),
+            trace_context=telemetry.inject_context(), priority=priority,
         ))
         total_steps = resolved.config.trainer.total_training_steps or 0
         store.set_plan(job_id, plan.to_proto().SerializeToString(), total_steps)
@@ -158,6 +159,12 @@ class JobManager:
         except Exception as exc:  # cancelled meanwhile, or the driver did not start
             self._queue.release(job_id)
             log.warning("job %s: not started: %s", job_id, exc)
+
+    def _slots_of(self, plan: bytes) -> tuple[int, int]:
+        """(ranks, slots it may share) of a stored plan."""
+        stored = scheduler_pb2.Plan.FromString(plan)
+        cluster = sum(node.device_count for node in stored.cluster.nodes)
+        return stored.world_size, self._config.slots or cluster
 
     def _queue_reason(self, position: int, waiting: Waiting) -> str:
         free = max(0, waiting.capacity - self._queue.used_slots)
@@ -259,20 +266,24 @@ class JobManager:
                     f"cannot reach the job store at {url}: {str(exc).rstrip('.')}; check that "
                     "Redis is running and DAGRL_REDIS_URL is right") from exc
             self._client, self._store = client, store
-            return store
+        self._dispatch(store)  # the jobs a previous process left queued, once they fit
+        return store
 
     def _recover(self, store: JobStore) -> None:
         """Settle jobs a previous scheduler process left unfinished (see the module doc)."""
         host = launcher.this_host()
-        for record in store.list_jobs():
+        for record in sorted(store.list_jobs(), key=lambda r: r.created_unix_ms):
             if record.state.is_final:
                 continue
             job_id = record.job_id
+            if record.state is JobState.PENDING and record.queue_position and record.plan:
+                self._queue.add(job_id, *self._slots_of(record.plan), record.priority)
+                continue  # queued again, in submission order
             alive = record.driver_host == host and launcher.is_driver_alive(
                 record.driver_pid, job_id)
             if record.state is JobState.RUNNING and alive:
                 log.info("job %s: re-adopting driver pid %d", job_id, record.driver_pid)
-                self._queue.hold(job_id, scheduler_pb2.Plan.FromString(record.plan).world_size)
+                self._queue.hold(job_id, self._slots_of(record.plan)[0])
                 self._monitor(job_id, functools.partial(self._poll_adopted, record))
                 continue
             reason = ("scheduler restarted before the job was launched"
