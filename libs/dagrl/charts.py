@@ -4,6 +4,11 @@ One home for the curves both dashboards draw: the metrics service's live page
 (`dagrl_metrics.dashboard`) and the static run report (`dagrl.run_report`, `dagrl dashboard`).
 The template autoescapes: titles and values may hold metric keys from any process, so no text
 reaches the SVG unescaped. Each chart is `svg#curve-<chart_id>` with one `polyline.curve`.
+
+Any finite values draw: positions are computed from halves (`y/2 - lo/2`), so a span such as
+-1e308..1e308, which overflows to inf, never yields `nan` coordinates. A long run is
+downsampled to at most `MAX_POINTS` points, keeping each bucket's lowest and highest value (so
+a spike stays visible): 300 000 steps make a page of kilobytes, not of 95 MB.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import jinja2
 from markupsafe import Markup
 
 from dagrl.telemetry import names
+
+MAX_POINTS = 400  # per chart; each bucket of steps keeps its lowest and highest point
 
 _LINE_CHART = jinja2.Environment(
     autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
@@ -50,16 +57,14 @@ def line_chart_svg(chart_id: str, title: str, points: Sequence[tuple[float, floa
              "height": height, "pad": pad}
     if not points:
         return Markup(_LINE_CHART.render(points=[], **frame).strip())
+    points = downsample(points, MAX_POINTS)
     xs, ys = [p[0] for p in points], [p[1] for p in points]
-    x_lo, x_hi = min(xs), max(xs) if max(xs) > min(xs) else min(xs) + 1
+    x_lo, x_hi = min(xs), max(xs)
     y_lo, y_hi = min(ys), max(ys)
-    if y_hi == y_lo:  # a flat line sits in the middle
-        pad_y = abs(y_lo) * 0.1 or 1.0
-        y_lo, y_hi = y_lo - pad_y, y_hi + pad_y
 
     def at(x: float, y: float) -> tuple[str, str]:
-        px = pad + (x - x_lo) / (x_hi - x_lo) * (width - pad - 10)
-        py = height - 22 - (y - y_lo) / (y_hi - y_lo) * (height - 22 - 24)
+        px = pad + _fraction(x, x_lo, x_hi, 0.0) * (width - pad - 10)
+        py = height - 22 - _fraction(y, y_lo, y_hi, 0.5) * (height - 22 - 24)
         return f"{px:.1f}", f"{py:.1f}"
 
     drawn = [{"cx": cx, "cy": cy, "xy": f"{cx},{cy}", "step": f"{x:g}",
@@ -67,6 +72,28 @@ def line_chart_svg(chart_id: str, title: str, points: Sequence[tuple[float, floa
     return Markup(_LINE_CHART.render(points=drawn, y_hi=_format_value(y_hi),
                                      y_lo=_format_value(y_lo), x_lo=f"{x_lo:g}",
                                      x_hi=f"{x_hi:g}", **frame).strip())
+
+
+def _fraction(value: float, lo: float, hi: float, flat: float) -> float:
+    """Where `value` lies between `lo` and `hi` (0..1; `flat` when they are equal), without
+    overflowing for any finite values."""
+    span = hi / 2 - lo / 2
+    return (value / 2 - lo / 2) / span if span > 0 else flat
+
+
+def downsample(points: Sequence[tuple[float, float]],
+               limit: int) -> Sequence[tuple[float, float]]:
+    """At most `limit` (>= 4) of `points` (in step order): the first, the last, and the lowest
+    and the highest of each of `(limit - 2) // 2` equal buckets, in their order."""
+    if len(points) <= limit:
+        return points
+    buckets = (limit - 2) // 2
+    kept = {0, len(points) - 1}
+    for b in range(buckets):
+        start, end = b * len(points) // buckets, (b + 1) * len(points) // buckets
+        span = range(start, end)
+        kept |= {min(span, key=lambda i: points[i][1]), max(span, key=lambda i: points[i][1])}
+    return [points[i] for i in sorted(kept)]
 
 
 def reward_key(keys: Iterable[str]) -> str | None:

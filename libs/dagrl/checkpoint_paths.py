@@ -6,13 +6,15 @@ cache. A path that cannot be a repo id (it starts with `/`, `.` or `~`, or has m
 `/`) and is not a folder is a mistake: without this check the worker fails with transformers'
 "Repo id must be in the form 'repo_name' or 'namespace/repo_name'". `dagrl run` checks before
 any service starts and each worker before it builds its models; the scheduler does not (it
-never reads a path a request names, `dagrl.job_rules`).
+never reads a path a request names, `dagrl.job_rules`). Both also check that a resume would
+load the model the job names (`dagrl.checkpoint_layout.resume_problems`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from dagrl.checkpoint_layout import resume_problems
 from dagrl.config import JobConfig, node_config
 from dagrl.errors import ConfigError
 from dagrl.job_rules import model_path
@@ -25,8 +27,13 @@ _DEMO_BUILDER = "`make demo`"
 
 
 def check_checkpoints(config: JobConfig, graph: TaskGraph, source: str | None = None) -> None:
-    """ConfigError listing every checkpoint path that is neither a folder nor a repo id."""
+    """ConfigError listing every checkpoint path that is neither a folder nor a repo id, and
+    every model path a resume would not match."""
     problems = checkpoint_problems(config, graph)
+    if not problems:
+        actors = {agent: model_path(graph, agent, NodeRole.ACTOR, config)
+                  for agent in graph.agent_groups()}
+        problems = resume_problems(config, actors)
     if problems:
         raise ConfigError(problems, source=source)
 

@@ -34,6 +34,9 @@ from dagrl.errors import FailedPreconditionError, NotFoundError
 from dagrl.urls import redact_urls
 
 JOBS_INDEX_KEY = "dagrl:jobs"
+# In a driver's environment: the PID of the scheduler whose jobs end with it (`dagrl run`'s);
+# the driver cancels its job once that process is gone, however it went.
+DRIVER_OWNER_PID_ENV = "DAGRL_DRIVER_OWNER_PID"
 
 
 def job_key(job_id: str) -> str:
@@ -95,8 +98,11 @@ class JobRecord:
     driver_log: str = ""  # path of the driver's log file on driver_host
     # W3C trace context of the SubmitJob call: the driver's spans continue that trace
     trace_context: Mapping[str, str] = field(default_factory=dict)
-    # while RUNNING: why the job is not stepping (waiting for a lost node); "" when it is
+    # while RUNNING: why the job is not stepping (waiting for a lost node); "" when it is;
+    # while PENDING in the scheduler's queue: what it waits for
     waiting_reason: str = ""
+    queue_position: int = 0  # while queued: 1 = the next job to start; 0: not queued
+    priority: int = 0  # queue order: higher first (SubmitJobRequest.priority)
 
     def to_hash(self) -> dict[str, bytes]:
         return {
@@ -114,6 +120,8 @@ class JobRecord:
             "driver_host": self.driver_host.encode(), "driver_log": self.driver_log.encode(),
             "trace_context": json.dumps(dict(self.trace_context)).encode(),
             "waiting_reason": self.waiting_reason.encode(),
+            "queue_position": str(self.queue_position).encode(),
+            "priority": str(self.priority).encode(),
         }
 
     @classmethod
@@ -136,6 +144,8 @@ class JobRecord:
             driver_log=text.get("driver_log", b"").decode(),
             trace_context=json.loads(text.get("trace_context", b"{}")),
             waiting_reason=text.get("waiting_reason", b"").decode(),
+            queue_position=int(text.get("queue_position", b"0")),
+            priority=int(text.get("priority", b"0")),
         )
 
 
@@ -237,6 +247,16 @@ class JobStore:
     def set_waiting(self, job_id: str, reason: str) -> JobRecord:
         """Why the running job is not stepping now; "" once it is again."""
         return self._update(job_id, {"waiting_reason": reason})
+
+    def set_queued(self, job_id: str, position: int, reason: str) -> JobRecord:
+        """The job's place in the scheduler's queue (0: it left the queue) and what it waits
+        for; unchanged fields are not rewritten."""
+        def changes(current: JobRecord) -> dict[str, Any] | None:
+            if (current.queue_position, current.waiting_reason) == (position, reason):
+                return None
+            return {"queue_position": position, "waiting_reason": reason}
+
+        return self._transact(job_id, changes)
 
     def request_cancel(self, job_id: str) -> JobRecord:
         return self._update(job_id, {"cancel_requested": True})

@@ -22,6 +22,7 @@ RUN_SUBDIR = "runs"  # under the run (checkpoint) folder
 FIELD_JOB_ID = "job_id"
 FIELD_ATTEMPT = "attempt"
 FIELD_STEP = "step"
+_MAX_STEP = 2**63
 
 
 def encode_row(job_id: str, attempt: int, step: int, metrics: dict[str, float]) -> str:
@@ -33,10 +34,11 @@ def encode_row(job_id: str, attempt: int, step: int, metrics: dict[str, float]) 
 def read_steps(path: Path) -> list[dict[str, Any]]:
     """The file's steps in step order, each the merged rows of the step's last writer.
 
-    A line that is not a JSON object with a step (a write cut short by a crash) is skipped.
+    A damaged line is skipped: not UTF-8, not a JSON object, or without a step that is a whole
+    number in 0..2**63-1 (a write cut short by a crash, a disk error).
     """
     steps: dict[int, dict[str, Any]] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_bytes().splitlines():
         row = _decode(line)
         if row is None:
             continue
@@ -49,12 +51,13 @@ def read_steps(path: Path) -> list[dict[str, Any]]:
     return [steps[step] for step in sorted(steps)]
 
 
-def _decode(line: str) -> dict[str, Any] | None:
+def _decode(line: bytes) -> dict[str, Any] | None:
     try:
-        row = json.loads(line)
-    except json.JSONDecodeError:
+        row = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):  # ValueError: JSON, and ints over 4300 digits
         return None
-    if not isinstance(row, dict) or not isinstance(row.get(FIELD_STEP), int):
+    step = row.get(FIELD_STEP) if isinstance(row, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < _MAX_STEP:
         return None
     return row
 

@@ -96,15 +96,22 @@ def validation_accuracy_keys(steps: Sequence[dict[str, Any]]) -> list[str]:
 def _series(steps: Sequence[dict[str, Any]], key: str | None) -> list[tuple[float, float]]:
     if key is None:
         return []
-    return [(float(s[metrics_file.FIELD_STEP]), float(s[key])) for s in steps
-            if _is_number(s.get(key))]
+    return [(float(s[metrics_file.FIELD_STEP]), value) for s in steps
+            if (value := _finite(s.get(key))) is not None]
 
 
 def _cell(step: dict[str, Any], key: str | None) -> str:
-    value = step.get(key) if key else None
-    return f"{value:.4g}" if _is_number(value) else "-"
+    value = _finite(step.get(key)) if key else None
+    return f"{value:.4g}" if value is not None else "-"
 
 
-def _is_number(value: object) -> bool:
-    return (isinstance(value, int | float) and not isinstance(value, bool)
-            and math.isfinite(value))
+def _finite(value: object) -> float | None:
+    """`value` as a finite float, or None: not a number, or inf/nan, or an integer too large
+    for a float (a metric written as 10**400)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None

@@ -1,4 +1,4 @@
-"""`dagrl run` ended by a signal (issue #12, items 2, 3 and 11).
+"""`dagrl run` ended by a signal (issue #12, items 2, 3 and 11; issue #27, item 4: SIGKILL).
 
 A real `dagrl run` of the tiny GRPO job (Redis, the metrics service, the scheduler, the job
 driver and its private Ray, 2 ranks) runs as a subprocess in a process group of its own, as in a
@@ -9,6 +9,10 @@ no process the run started is left. While it runs, nothing it started listens be
 
 The job is made cheap: a barely warm-started model (its answers do not matter), a few prompts a
 step, and more steps than it can reach, so the signal always finds it training.
+
+SIGKILL cannot be caught: then the guardian `dagrl run` started (`dagrl.local.guardian`) and
+the parent-death signal stop the scheduler (which stops the job), the metrics service and Redis,
+and remove Redis's temporary folder.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ CHEAP_RECIPE = DemoRecipe(n_train=64, n_val=8, warm_steps=2)
 STARTED_TIMEOUT_S = 300  # Ray, two ranks and one step on a busy 2-core machine
 EXIT_TIMEOUT_S = 120  # cancel (driver grace 10 s) and stopping every service
 GONE_TIMEOUT_S = 30  # Ray's workers die with their raylet, a moment later
+KILLED_GONE_TIMEOUT_S = 120  # after SIGKILL: the job's cancel (grace 10 s), then the services
 WILDCARDS = {"0.0.0.0", "::"}
 
 
@@ -179,3 +184,26 @@ def test_sigterm_cancels_the_job_and_nothing_listened_beyond_loopback(run: Run) 
     assert not wildcard, f"listening on every interface: {wildcard}"
     os.kill(run.cli.pid, signal.SIGTERM)  # `timeout`, a batch scheduler's cancel
     assert_cancelled_and_nothing_left(run, signal.SIGTERM)
+
+
+def redis_folder(run: Run) -> Path:
+    """The private Redis's temporary folder (its `--dir`, where it works)."""
+    for process in run.started:
+        if process.name() == "redis-server":
+            return Path(process.cwd())
+    raise AssertionError(f"no redis-server among {[command(p) for p in run.started]}")
+
+
+def test_sigkill_of_the_cli_stops_the_job_and_everything_it_started(run: Run) -> None:
+    assert_everything_was_started(run)
+    folder = redis_folder(run)
+    assert folder.name.startswith("dagrl-redis-") and folder.is_dir()
+    os.kill(run.cli.pid, signal.SIGKILL)  # nothing to catch: no clean-up of its own
+    assert run.cli.wait(timeout=10) == -signal.SIGKILL
+    deadline = time.monotonic() + KILLED_GONE_TIMEOUT_S
+    while ((alive := [p for p in run.started if p.is_running()
+                      and p.status() != psutil.STATUS_ZOMBIE]) or folder.exists()) \
+            and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not alive, f"still running after SIGKILL: {[command(p) for p in alive]}"
+    assert not folder.exists(), f"{folder} is left after SIGKILL"

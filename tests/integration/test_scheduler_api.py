@@ -16,6 +16,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from dagrl.jobs import JobRecord, JobState, JobStore
 from dagrl.local.redis_server import LocalRedis
+from dagrl.rendezvous import rendezvous_file
 from dagrl.rpc.auth import with_bearer_token
 from dagrl.rpc.gen.common.v1 import common_pb2
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -239,11 +240,18 @@ def test_cancel_stops_the_driver_and_the_watch_ends_cancelled(make_server: Serve
 
 def test_a_driver_that_ignores_sigterm_is_killed_with_its_children(
         make_server: ServerFactory, store: JobStore) -> None:
+    """...and the rendezvous file its ranks made is removed (issue #27, item 12), another
+    job's kept."""
     client = stub(make_server(cancel_grace_s=0.5))
     job = submit(client, "stubborn")
     job = wait_for(client, job.job_id, lambda j: j.progress.step == 1)
     pid = store.get(job.job_id).driver_pid
-    child = int(Path(job.driver_log).read_text().split("child pid ")[1].split()[0])
+    log = Path(job.driver_log).read_text()
+    child = int(log.split("child pid ")[1].split()[0])
+    rendezvous = Path(log.split("rendezvous ")[1].split()[0])
+    assert rendezvous.is_file() and job.job_id in rendezvous.name
+    another = rendezvous_file("job-another")
+    another.touch()
     cancelled = client.CancelJob(scheduler_pb2.CancelJobRequest(job_id=job.job_id)).job
     assert state(cancelled) == "CANCELLED"
     assert not is_driver_alive(pid, job.job_id)
@@ -251,6 +259,9 @@ def test_a_driver_that_ignores_sigterm_is_killed_with_its_children(
     while _is_running(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _is_running(child)
+    assert not rendezvous.exists(), "the killed job's rendezvous file is left"
+    assert another.exists()
+    another.unlink()
 
 
 def _is_running(pid: int) -> bool:

@@ -13,13 +13,14 @@ import argparse
 import contextlib
 import os
 import queue
+import secrets
 import subprocess
 import sys
 import tempfile
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import grpc
 import yaml
@@ -27,6 +28,8 @@ import yaml
 from dagrl.config import TrainerConfig, apply_overrides
 from dagrl.errors import DagrlError, InvalidInputError, UnavailableError, YamlInputError
 from dagrl.local import stop_process
+from dagrl.local.guardian import Guardian
+from dagrl.local.processes import end_with_parent
 from dagrl.rpc.auth import with_bearer_token
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from dagrl.rpc.jobspec import load_config
@@ -237,9 +240,9 @@ class SchedulerClient:
         request = scheduler_pb2.PlanJobRequest(spec=spec, cluster=cluster)
         return self._call(self._stub.PlanJob, request).plan
 
-    def submit(self, spec: scheduler_pb2.JobSpec,
-               cluster: scheduler_pb2.ClusterSpec) -> scheduler_pb2.Job:
-        request = scheduler_pb2.SubmitJobRequest(spec=spec, cluster=cluster)
+    def submit(self, spec: scheduler_pb2.JobSpec, cluster: scheduler_pb2.ClusterSpec,
+               priority: int = 0) -> scheduler_pb2.Job:
+        request = scheduler_pb2.SubmitJobRequest(spec=spec, cluster=cluster, priority=priority)
         return self._call(self._stub.SubmitJob, request).job
 
     def get(self, job_id: str) -> scheduler_pb2.Job:
@@ -294,35 +297,58 @@ def _is_unreachable(exc: grpc.RpcError) -> bool:
     return "failed to connect" in details or "dns resolution" in details
 
 
-# ---- an embedded scheduler for `dagrl plan` ---------------------------------------------------
+# ---- an embedded scheduler for `dagrl plan` and `dagrl run` ------------------------------------
+
+
+class SchedulerEndpoint(NamedTuple):
+    """Where a scheduler listens and the token its calls carry (an embedded scheduler's own
+    random token, which every RPC must carry; None: none)."""
+
+    address: str
+    token: str | None
+
+    def client(self) -> SchedulerClient:
+        return SchedulerClient(self.address, self.token)
 
 
 @contextlib.contextmanager
 def embedded_scheduler(redis_url: str | None = None, log_dir: str | None = None,
-                       env: Mapping[str, str] | None = None) -> Iterator[str]:
-    """A private scheduler on a free loopback port, stopped on exit; yields its address.
+                       env: Mapping[str, str] | None = None,
+                       guardian: Guardian | None = None) -> Iterator[SchedulerEndpoint]:
+    """A private scheduler on a free loopback port, stopped on exit; yields its address and the
+    token it requires.
+
+    It serves only this process: it gets a fresh random token (in its environment, which only
+    this user can read, never on its command line) and `--private`, so every RPC without the
+    token — a submission by another local process, PlanJob, the reads — ends UNAUTHENTICATED.
 
     Without `redis_url` it runs plan-only (`--no-redis`: it never touches a job store,
     whatever DAGRL_REDIS_URL says), which is what `dagrl plan` needs; `dagrl run` passes the
     private Redis it started, so jobs can be submitted, and the scheduler stops their drivers
     when it stops (`--stop-drivers-on-exit`). It runs in a session of its own (a Ctrl-C to the
     terminal reaches only the CLI, which cancels its job through it first) and is stopped by
-    PID. Its log goes to a temporary file that is shown only when it fails to start.
+    PID. It gets SIGTERM when this process dies, however it dies (parent-death signal), and
+    `guardian` stops it too; stopping, it stops its jobs. Its log goes to a temporary file that
+    is shown only when it fails to start.
     """
     with tempfile.TemporaryFile(mode="w+") as log:
         store = (["--redis-url", redis_url, "--stop-drivers-on-exit"] if redis_url
                  else ["--no-redis"])
         logs = ["--log-dir", log_dir] if log_dir else []
         argv = [sys.executable, "-m", "dagrl_scheduler", "--host", "127.0.0.1", "--port", "0",
-                *store, *logs, "--announce", "--log-level", "WARNING"]
+                *store, *logs, "--private", "--announce", "--log-level", "WARNING"]
+        token = secrets.token_urlsafe(32)
         try:
             process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                       stderr=log, text=True, env={**os.environ, **(env or {})},
-                                       start_new_session=True)
+                                       stderr=log, text=True, start_new_session=True,
+                                       env={**os.environ, **(env or {}), TOKEN_ENV: token},
+                                       preexec_fn=end_with_parent)
         except OSError as exc:
             raise UnavailableError(f"cannot start an embedded scheduler: {exc}") from exc
         try:
-            yield _read_announcement(process, log)
+            if guardian is not None:
+                guardian.stop_on_death(process.pid, grace_s=EMBEDDED_STOP_GRACE_S)
+            yield SchedulerEndpoint(_read_announcement(process, log), token)
         finally:
             stop_process(process, grace_s=EMBEDDED_STOP_GRACE_S)
             if process.stdout is not None:

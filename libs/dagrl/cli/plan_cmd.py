@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         with SchedulerClient(args.scheduler) as client:
             plan = client.plan(spec, cluster)
     else:
-        with embedded_scheduler() as address, SchedulerClient(address) as client:
+        with embedded_scheduler() as scheduler, scheduler.client() as client:
             plan = client.plan(spec, cluster)
     if args.json:
         print(json_format.MessageToJson(plan, preserving_proto_field_name=True, indent=2))

@@ -13,7 +13,15 @@ it starts run in sessions of their own, so a Ctrl-C in the terminal (SIGINT to t
 foreground process group) reaches only this process, not Redis, the metrics service or the
 scheduler it still needs to cancel the job; they are stopped by PID afterwards. The embedded
 scheduler stops the drivers it started when it stops (`--stop-drivers-on-exit`), so a
-`dagrl run` that ends on an error leaves no job running either.
+`dagrl run` that ends on an error leaves no job running either. SIGKILL cannot be caught:
+for it a guardian process (`dagrl.local.guardian`), told of each service and folder as it is
+started, stops the scheduler (and so the job), the metrics service and Redis and removes Redis's
+folder once this process is gone; the scheduler and the metrics service also get SIGTERM from
+the kernel when it dies (parent-death signal), and the job's driver cancels the job when its
+scheduler is gone.
+
+The embedded scheduler serves only this process: every call must carry the random token it
+was started with (see `embedded_scheduler`, SECURITY.md).
 
 With `--scheduler HOST:PORT` nothing is started: it is `dagrl submit --watch`.
 """
@@ -37,6 +45,8 @@ from tqdm import tqdm
 from dagrl.checkpoint_paths import check_checkpoints
 from dagrl.cli.client import (
     SchedulerClient,
+    SchedulerEndpoint,
+    add_token_option,
     build_job_spec,
     cluster_from_args,
     embedded_scheduler,
@@ -46,6 +56,8 @@ from dagrl.data.job_files import check_data_files
 from dagrl.engines import require_engine
 from dagrl.errors import FailedPreconditionError, UnavailableError
 from dagrl.local import LocalRedis, stop_process
+from dagrl.local.guardian import Guardian
+from dagrl.local.processes import end_with_parent
 from dagrl.local.redis_server import free_port
 from dagrl.rpc.gen.common.v1 import common_pb2
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
@@ -66,6 +78,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("overrides", nargs="*", help="dotted overrides: section.key=value")
     parser.add_argument("--scheduler", metavar="HOST:PORT",
                         help="submit to this scheduler instead of starting one")
+    add_token_option(parser)  # for --scheduler; the embedded one gets a fresh token of its own
     parser.add_argument("--redis-url", help="use this Redis instead of a private one")
     parser.add_argument("--summary-json", metavar="FILE",
                         help="write the job's final state and last metrics here")
@@ -103,8 +116,7 @@ def _run_job(args: argparse.Namespace,
              signals: SignalLatch) -> tuple[scheduler_pb2.Job, StopRequested | None]:
     """Start the services, submit, follow the job to its end; on a signal, cancel it (the
     cancel returns once its driver has stopped). Returns the job as it ended and the signal."""
-    with _services(args, signals) as (address, extra_overrides), \
-            SchedulerClient(address) as client:
+    with _services(args, signals) as (scheduler, extra_overrides), scheduler.client() as client:
         spec = build_job_spec(args.file, [*args.overrides, *extra_overrides])
         with signals.deferred():  # a job submitted is a job whose id we know
             job = client.submit(spec, cluster_from_args(args, spec))
@@ -126,12 +138,12 @@ def _cancel(client: SchedulerClient, job_id: str) -> scheduler_pb2.Job:
 
 @contextlib.contextmanager
 def _services(args: argparse.Namespace,
-              signals: SignalLatch) -> Iterator[tuple[str, list[str]]]:
-    """The scheduler's address and the overrides that point the job at the local services.
-    Once the block ends, signals no longer interrupt: the services are always stopped."""
+              signals: SignalLatch) -> Iterator[tuple[SchedulerEndpoint, list[str]]]:
+    """The scheduler (address and token) and the overrides that point the job at the local
+    services. Once the block ends, signals no longer interrupt: the services are always stopped."""
     if args.scheduler:
         try:
-            yield args.scheduler, []
+            yield SchedulerEndpoint(args.scheduler, args.token), []
         finally:
             signals.quiet()
         return
@@ -143,33 +155,46 @@ def _services(args: argparse.Namespace,
 
 
 def _start_services(args: argparse.Namespace,
-                    stack: contextlib.ExitStack) -> tuple[str, list[str]]:
+                    stack: contextlib.ExitStack) -> tuple[SchedulerEndpoint, list[str]]:
     """Redis (unless --redis-url), the metrics service (unless --no-tracing) and the
-    scheduler, each stopped by `stack`."""
-    redis_url = args.redis_url or stack.enter_context(LocalRedis()).url
+    scheduler, each stopped by `stack`, and by a guardian should this process be killed
+    (SIGKILL) before it stops them (`dagrl.local.guardian`)."""
+    guardian = stack.enter_context(Guardian())
+    redis_url = args.redis_url or _start_redis(stack, guardian)
     log_dir = Path(args.log_dir).resolve()
     log_dir.mkdir(parents=True, exist_ok=True)
     overrides = [f"services.redis_url={redis_url}"]
     env = {}
     if not args.no_tracing:
-        endpoint, page = stack.enter_context(_embedded_metrics(log_dir))
+        endpoint, page = stack.enter_context(_embedded_metrics(log_dir, guardian))
         overrides.append(f"services.metrics_endpoint={endpoint}")
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://{endpoint}"  # the scheduler's spans
         say(f"dashboard: {page} (while the job runs)")
-    address = stack.enter_context(embedded_scheduler(redis_url, str(log_dir), env))
-    return address, overrides
+    scheduler = stack.enter_context(embedded_scheduler(redis_url, str(log_dir), env, guardian))
+    return scheduler, overrides
+
+
+def _start_redis(stack: contextlib.ExitStack, guardian: Guardian) -> str:
+    """A private Redis. Not tied to this process's death by a signal of its own: after a
+    SIGKILL the guardian stops it last, once the scheduler has recorded how its job ended."""
+    server = stack.enter_context(LocalRedis())
+    assert server.pid is not None and server.workdir is not None
+    guardian.stop_on_death(server.pid, grace_s=5)
+    guardian.remove_on_death(server.workdir)
+    return server.url
 
 
 @contextlib.contextmanager
-def _embedded_metrics(log_dir: Path) -> Iterator[tuple[str, str]]:
+def _embedded_metrics(log_dir: Path, guardian: Guardian) -> Iterator[tuple[str, str]]:
     """A private metrics service on free loopback ports; yields (OTLP endpoint, page URL)."""
     ports = {name: free_port() for name in ("OTLP", "QUERY", "HTTP")}
     env = {**os.environ, **{f"DAGRL_METRICS_{k}_PORT": str(v) for k, v in ports.items()}}
     with (log_dir / "metrics-service.log").open("ab") as log:  # own session: see module doc
         process = subprocess.Popen([sys.executable, "-m", "dagrl_metrics"], env=env,
                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                   start_new_session=True)
+                                   start_new_session=True, preexec_fn=end_with_parent)
     try:
+        guardian.stop_on_death(process.pid, grace_s=10)
         deadline = time.monotonic() + _SERVICE_START_TIMEOUT_S
         while not _accepts("127.0.0.1", ports["OTLP"]):
             if process.poll() is not None or time.monotonic() > deadline:

@@ -31,13 +31,18 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"{'JOB':<30} {'STATE':<10} {'STEP':>11}  {'UPDATED':<19}  NAME")
     for job in jobs:
-        print(f"{job.job_id:<30} {state_name(job.state):<10} {progress(job):>11}  "
+        print(f"{job.job_id:<30} {shown_state(job):<10} {progress(job):>11}  "
               f"{_when(job.updated_unix_ms):<19}  {printable(job.name)}")
     return 0
 
 
 def state_name(state: int) -> str:
     return common_pb2.JobState.Name(state).removeprefix("JOB_STATE_")  # type: ignore[arg-type]
+
+
+def shown_state(job: scheduler_pb2.Job) -> str:
+    """The state, or `QUEUED #k` for a job waiting at position k of the scheduler's queue."""
+    return f"QUEUED #{job.queue_position}" if job.queue_position else state_name(job.state)
 
 
 def progress(job: scheduler_pb2.Job) -> str:
@@ -47,7 +52,7 @@ def progress(job: scheduler_pb2.Job) -> str:
 
 def format_job(job: scheduler_pb2.Job) -> str:
     lines = [f"job       {job.job_id}", f"name      {printable(job.name)}",
-             f"state     {state_name(job.state)}", f"step      {progress(job)}",
+             f"state     {shown_state(job)}", f"step      {progress(job)}",
              f"created   {_when(job.created_unix_ms)}", f"updated   {_when(job.updated_unix_ms)}"]
     if job.progress.metrics:
         shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(job.progress.metrics.items()))

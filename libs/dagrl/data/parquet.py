@@ -4,6 +4,11 @@ Owns the on-disk format (one parquet file per split, one row per record, the col
 and its validation: a missing file, an unreadable file or a missing required column raises
 DatasetError naming the file and the column. Turning records into token ids is
 `dagrl.data.prompt_dataset`'s job.
+
+verl's layout is read as it is: its GSM8K/MATH files keep the answer in a struct column
+`reward_model` (`{ground_truth, style}`) beside `ability`, `data_source`, `prompt` and
+`extra_info`; without a `ground_truth` column, each record's `ground_truth` is taken from
+`reward_model.ground_truth` (the other columns travel along unchanged).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dagrl.data.tasks import Record, Task, generate_splits
 from dagrl.errors import DatasetError
 
 REQUIRED_COLUMNS = ("prompt", "ground_truth", "data_source")
+VERL_REWARD_COLUMN = "reward_model"  # verl: {"ground_truth": ..., "style": "rule"}
 # Used for an empty split, where pyarrow has no rows to infer types from.
 _RECORD_SCHEMA = pa.schema(
     [
@@ -73,13 +79,31 @@ def read_parquet(
         raise DatasetError(
             f"dataset file {source} is not a readable parquet file: {error}"
         ) from error
-    missing = [column for column in required_columns if column not in table.column_names]
+    records = table.to_pylist()
+    columns = table.column_names
+    if "ground_truth" not in columns and VERL_REWARD_COLUMN in columns:
+        records = [_with_verl_ground_truth(r, i, source) for i, r in enumerate(records)]
+        columns = [*columns, "ground_truth"]
+    missing = [column for column in required_columns if column not in columns]
     if missing:
         raise DatasetError(
             f"dataset file {source} lacks required column(s) {missing}; it has columns "
-            f"{table.column_names}. Add the column(s) when writing the file."
+            f"{table.column_names}. Add the column(s) when writing the file (verl's layout, "
+            f"the answer in `{VERL_REWARD_COLUMN}.ground_truth`, is read as well)."
         )
-    return table.to_pylist()
+    return records
+
+
+def _with_verl_ground_truth(record: Record, row: int, source: Path) -> Record:
+    """`record` with `ground_truth` from verl's `reward_model.ground_truth`."""
+    reward = record[VERL_REWARD_COLUMN]
+    if not isinstance(reward, dict) or reward.get("ground_truth") is None:
+        raise DatasetError(
+            f"row {row} of {source}: {VERL_REWARD_COLUMN} is {reward!r}; in verl's layout it "
+            "must hold the answer as {'ground_truth': ..., 'style': 'rule'} (or give the file "
+            "a `ground_truth` column)"
+        )
+    return {**record, "ground_truth": reward["ground_truth"]}
 
 
 def make_dataset(

@@ -12,7 +12,6 @@ signal). It does not manage shared or long-lived Redis servers.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import shutil
 import signal
@@ -24,7 +23,7 @@ from pathlib import Path
 from types import TracebackType
 
 from dagrl.errors import LocalServerError
-from dagrl.local.processes import stop_process
+from dagrl.local.processes import end_with_parent, stop_process
 
 _START_ATTEMPTS = 3  # a free port can be taken by someone else before redis binds it
 
@@ -48,12 +47,6 @@ def ping(host: str, port: int, timeout_s: float = 0.5, password: str | None = No
             return sock.recv(64).startswith(b"+PONG")
     except OSError:
         return False
-
-
-def _end_with_parent() -> None:
-    """In the child before exec: SIGTERM it when its parent dies (PR_SET_PDEATHSIG)."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGTERM)
 
 
 class LocalRedis:
@@ -80,6 +73,11 @@ class LocalRedis:
             raise LocalServerError("LocalRedis is not running: call start() first")
         auth = f":{self.password}@" if self.password else ""
         return f"redis://{auth}{self.host}:{self.port}/0"
+
+    @property
+    def workdir(self) -> str | None:
+        """Its private folder (config, log), removed by stop()."""
+        return self._workdir.name if self._workdir is not None else None
 
     @property
     def pid(self) -> int | None:
@@ -125,7 +123,7 @@ class LocalRedis:
         self._process = subprocess.Popen(args, stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                          start_new_session=True, preexec_fn=(
-                                             _end_with_parent if self._die_with_parent
+                                             end_with_parent if self._die_with_parent
                                              else None))
         deadline = time.monotonic() + self._start_timeout_s
         while time.monotonic() < deadline:

@@ -88,6 +88,9 @@ def serve_until_signalled(name: str, server: Servable,
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         nonlocal stop_requested
+        if stop_requested:  # e.g. a parent-death SIGTERM and a guardian's, together
+            log.info("signal %d: already stopping", signum)
+            return
         log.info("signal %d: stopping", signum)
         stop_requested = True
         if started:

@@ -6,7 +6,8 @@ What it does depends on the job's name:
     fail     report step 1, then FAILED("loss is nan")
     crash    print "boom" to stderr and exit with code 3 (no final state)
     sleep    wait for SIGTERM, then exit 0 (like a driver stopping its workers)
-    stubborn ignore SIGTERM, start a child process (logged as `child pid N`) and sleep
+    stubborn ignore SIGTERM, start a child process (logged as `child pid N`), create the job's
+             rendezvous file as its ranks would (logged as `rendezvous PATH`) and sleep
 It checks that it received the plan, and fails the job when it did not.
 """
 
@@ -22,6 +23,7 @@ import time
 import redis
 
 from dagrl.jobs import JobState, JobStore
+from dagrl.rendezvous import rendezvous_file
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 
 
@@ -52,6 +54,9 @@ def main() -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
         print(f"child pid {child.pid}", flush=True)
+        rendezvous = rendezvous_file(args.job_id)
+        rendezvous.touch()
+        print(f"rendezvous {rendezvous}", flush=True)
         store.report_progress(args.job_id, 1, 100, {})
         time.sleep(120)
     elif record.name == "sleep":

@@ -35,6 +35,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--stop-drivers-on-exit", action="store_true",
                         help="when stopping, stop the job drivers this process started "
                              "(default: they keep running and a restart re-adopts them)")
+    parser.add_argument("--private", action="store_true",
+                        help="every RPC needs the token (DAGRL_SCHEDULER_TOKEN), reads and "
+                             "PlanJob too: `dagrl run`'s embedded scheduler")
     parser.add_argument("--announce", action="store_true",
                         help="print DAGRL_SCHEDULER_ADDRESS=host:port on stdout when serving")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
@@ -48,7 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = SchedulerConfig.from_env(host=args.host, port=args.port,
                                           redis_url=args.redis_url, log_dir=args.log_dir,
-                                          stop_drivers_on_exit=args.stop_drivers_on_exit or None)
+                                          stop_drivers_on_exit=args.stop_drivers_on_exit or None,
+                                          private=args.private or None)
         if args.no_redis:
             config = _without_redis(config)
         log.info("settings: %s", config.describe())

@@ -29,6 +29,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from dagrl.errors import UnavailableError
+from dagrl.jobs import DRIVER_OWNER_PID_ENV
+from dagrl.rendezvous import remove_rendezvous_files
 
 LOG_TAIL_LINES = 20
 # A private Ray and gloo on loopback only; a variable the user set explicitly is kept.
@@ -50,6 +52,13 @@ def driver_argv(command: Sequence[str], job_id: str, redis_url: str,
     if ray_address:
         argv += ["--ray-address", ray_address]
     return argv
+
+
+def owned_env(env: Mapping[str, str], owner_pid: int) -> dict[str, str]:
+    """`env` telling the driver to cancel its job when process `owner_pid` (the scheduler
+    that stops its drivers on exit) is gone, however it went (`DRIVER_OWNER_PID_ENV`; a
+    driver command that does not know it ignores it)."""
+    return {**env, DRIVER_OWNER_PID_ENV: str(owner_pid)}
 
 
 def local_ray_env(ray_address: str | None,
@@ -133,6 +142,7 @@ def stop_driver(pid: int, job_id: str, grace_s: float,
     if process is not None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=5)
+    remove_rendezvous_files(job_id)  # a killed driver could not remove its ranks' file
 
 
 def log_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:

@@ -1,16 +1,22 @@
 """Job lifecycle: validate, plan, store, launch, track and cancel jobs.
 
-    submit:  resolve spec -> make_plan -> create (PENDING) -> PLANNING -> set_plan -> RUNNING
-             -> start the driver -> a monitor thread waits for it to exit
+    submit:  resolve spec -> make_plan -> create (PENDING) + set_plan -> the queue
+             (`job_queue`): while the running jobs hold the slots the plan needs it stays
+             PENDING with its queue position; once they fit: PLANNING -> RUNNING -> start the
+             driver -> a monitor thread waits for it to exit, frees its slots, starts the next
     driver:  report_progress per step -> SUCCEEDED or FAILED(reason)
     exit:    record not final -> FAILED "driver exited with code N" + its log's tail
              (CANCELLED instead when a cancel was requested)
-    cancel:  request_cancel -> SIGTERM the driver -> wait cancel_grace_s -> SIGKILL its
+    cancel:  a queued job leaves the queue -> CANCELLED; a running one:
+             request_cancel -> SIGTERM the driver -> wait cancel_grace_s -> SIGKILL its
              process group -> CANCELLED
-    restart: for every job that is not final: PENDING/PLANNING -> FAILED (it never launched);
+    restart: for every job that is not final: a queued PENDING job is queued again (same
+             order and priority); other PENDING/PLANNING -> FAILED (it never launched);
              RUNNING -> re-adopted when its driver is alive on this host, else FAILED
              "scheduler restarted; driver lost"
-    close:   watchers end with UNAVAILABLE "shutting down"; drivers keep running, unless
+    close:   watchers end with UNAVAILABLE "shutting down"; queued jobs stay PENDING (a
+             restart queues them again; CANCELLED when `stop_drivers_on_exit`);
+             drivers keep running, unless
              `stop_drivers_on_exit` (the embedded scheduler of `dagrl run`): then they are
              stopped like a cancel and their jobs CANCELLED
 
@@ -20,8 +26,10 @@ Redis is connected on first use, so planning works without it. Jobs live only in
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import os
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -32,11 +40,13 @@ import yaml
 
 from dagrl import telemetry
 from dagrl.config import JobConfig
-from dagrl.errors import FailedPreconditionError, UnavailableError
+from dagrl.errors import FailedPreconditionError, ResourceExhaustedError, UnavailableError
 from dagrl.jobs import JobEvent, JobRecord, JobState, JobStateError, JobStore, new_job_id
+from dagrl.rendezvous import remove_rendezvous_files
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl_scheduler import launcher
 from dagrl_scheduler.config import SchedulerConfig
+from dagrl_scheduler.job_queue import JobQueue, Waiting, too_large_problem
 from dagrl_scheduler.planning import Cluster, Plan, make_plan
 from dagrl_scheduler.ray_cluster import RayClusterReader, cluster_from_ray
 from dagrl_scheduler.specs import ResolvedJob, resolve_job
@@ -82,6 +92,8 @@ class JobManager:
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self._closed = threading.Event()
         self._ray = RayClusterReader(config.ray_address) if config.ray_address else None
+        self._queue = JobQueue()
+        self._dispatching = threading.Lock()  # one dispatch at a time: starts in queue order
 
     # ---- planning -----------------------------------------------------------------------
 
@@ -100,10 +112,16 @@ class JobManager:
 
     # ---- jobs ---------------------------------------------------------------------------
 
-    def submit(self, spec: scheduler_pb2.JobSpec,
-               cluster: scheduler_pb2.ClusterSpec) -> JobRecord:
+    def submit(self, spec: scheduler_pb2.JobSpec, cluster: scheduler_pb2.ClusterSpec,
+               priority: int = 0) -> JobRecord:
         resolved = resolve_job(spec, cluster, self._live_cluster)
         plan = plan_job(resolved)
+        capacity = self._config.slots or plan.cluster.total_slots
+        setting = ("DAGRL_SCHEDULER_SLOTS" if self._config.slots
+                   else f"the cluster it is planned for: {plan.cluster.describe()}")
+        problem = too_large_problem(plan.world_size, capacity, setting)
+        if problem:
+            raise ResourceExhaustedError(problem)
         store = self.store()
         job_id = new_job_id()
         store.create(JobRecord(
@@ -111,16 +129,47 @@ class JobManager:
             config_yaml=spec.config_yaml,
             workflow_yaml=yaml.safe_dump(resolved.graph.to_dict(), sort_keys=False),
             overrides=tuple(spec.overrides),
-            trace_context=telemetry.inject_context(),
+            trace_context=telemetry.inject_context(), priority=priority,
         ))
-        store.set_state(job_id, JobState.PLANNING)
         total_steps = resolved.config.trainer.total_training_steps or 0
         store.set_plan(job_id, plan.to_proto().SerializeToString(), total_steps)
-        store.set_state(job_id, JobState.RUNNING)
-        self._launch(store, job_id)
+        self._queue.add(job_id, plan.world_size, capacity, priority)
+        self._dispatch(store)
         log.info("job %s submitted: %s on %d ranks", job_id, resolved.graph.dag_id,
                  plan.world_size)
-        return store.get(job_id)
+        record = store.get(job_id)
+        if record.state is JobState.FAILED:  # started at once, but its driver did not start
+            raise launcher.DriverLaunchError(record.failure_reason)
+        return record
+
+    def _dispatch(self, store: JobStore) -> None:
+        """Start the queued jobs that fit now, in queue order; record the others' places."""
+        with self._dispatching:
+            for job_id in self._queue.take_startable():
+                self._start(store, job_id)
+            for position, waiting in self._queue.waiting():
+                store.set_queued(waiting.job_id, position, self._queue_reason(position, waiting))
+
+    def _start(self, store: JobStore, job_id: str) -> None:
+        try:
+            store.set_queued(job_id, 0, "")
+            store.set_state(job_id, JobState.PLANNING)
+            store.set_state(job_id, JobState.RUNNING)
+            self._launch(store, job_id)
+        except Exception as exc:  # cancelled meanwhile, or the driver did not start
+            self._queue.release(job_id)
+            log.warning("job %s: not started: %s", job_id, exc)
+
+    def _slots_of(self, plan: bytes) -> tuple[int, int]:
+        """(ranks, slots it may share) of a stored plan."""
+        stored = scheduler_pb2.Plan.FromString(plan)
+        cluster = sum(node.device_count for node in stored.cluster.nodes)
+        return stored.world_size, self._config.slots or cluster
+
+    def _queue_reason(self, position: int, waiting: Waiting) -> str:
+        free = max(0, waiting.capacity - self._queue.used_slots)
+        return (f"queued, position {position}: needs {waiting.slots} of {waiting.capacity} "
+                f"slots, {free} free until running jobs end")
 
     def get(self, job_id: str) -> JobRecord:
         return self.store().get(job_id)
@@ -136,6 +185,11 @@ class JobManager:
         if record.state.is_final:
             raise FailedPreconditionError(
                 f"job {job_id} already ended ({record.state.value}); there is nothing to cancel")
+        if self._queue.remove(job_id):
+            store.set_state(job_id, JobState.CANCELLED, "cancelled while queued")
+            store.set_queued(job_id, 0, "")
+            self._dispatch(store)  # the jobs behind it move up
+            return store.get(job_id)
         store.request_cancel(job_id)
         reason = "cancelled by request"
         if record.driver_pid and record.driver_host == launcher.this_host():
@@ -212,19 +266,24 @@ class JobManager:
                     f"cannot reach the job store at {url}: {str(exc).rstrip('.')}; check that "
                     "Redis is running and DAGRL_REDIS_URL is right") from exc
             self._client, self._store = client, store
-            return store
+        self._dispatch(store)  # the jobs a previous process left queued, once they fit
+        return store
 
     def _recover(self, store: JobStore) -> None:
         """Settle jobs a previous scheduler process left unfinished (see the module doc)."""
         host = launcher.this_host()
-        for record in store.list_jobs():
+        for record in sorted(store.list_jobs(), key=lambda r: r.created_unix_ms):
             if record.state.is_final:
                 continue
             job_id = record.job_id
+            if record.state is JobState.PENDING and record.queue_position and record.plan:
+                self._queue.add(job_id, *self._slots_of(record.plan), record.priority)
+                continue  # queued again, in submission order
             alive = record.driver_host == host and launcher.is_driver_alive(
                 record.driver_pid, job_id)
             if record.state is JobState.RUNNING and alive:
                 log.info("job %s: re-adopting driver pid %d", job_id, record.driver_pid)
+                self._queue.hold(job_id, self._slots_of(record.plan)[0])
                 self._monitor(job_id, functools.partial(self._poll_adopted, record))
                 continue
             reason = ("scheduler restarted before the job was launched"
@@ -241,9 +300,11 @@ class JobManager:
         argv = launcher.driver_argv(self._config.driver_command, job_id, url,
                                     self._config.ray_address)
         log_path = Path(self._config.log_dir) / f"{job_id}.log"
+        env = launcher.local_ray_env(self._config.ray_address)
+        if self._config.stop_drivers_on_exit:  # its jobs end with it, even if it is killed
+            env = launcher.owned_env(env, os.getpid())
         try:
-            process = launcher.start_driver(
-                argv, log_path, launcher.local_ray_env(self._config.ray_address))
+            process = launcher.start_driver(argv, log_path, env)
         except launcher.DriverLaunchError as exc:
             store.set_state(job_id, JobState.FAILED, str(exc))
             raise
@@ -257,10 +318,13 @@ class JobManager:
             code = wait()
             with self._lock:
                 self._children.pop(job_id, None)
+            self._queue.release(job_id)
+            remove_rendezvous_files(job_id)  # left behind when the driver was killed
             if self._closed.is_set():
                 return  # a restarted scheduler settles the job
             try:
                 self._driver_exited(job_id, code)
+                self._dispatch(self.store())  # its slots are free: the next queued job
             except Exception:  # a monitor thread must never die silently
                 log.exception("job %s: could not record the driver's exit", job_id)
 
@@ -300,8 +364,13 @@ class JobManager:
         """Stop watching. Drivers keep running (a restarted scheduler re-adopts them) unless
         `stop_drivers_on_exit`: then each is stopped as by a cancel and its job CANCELLED."""
         self._closed.set()
+        queued = self._queue.drain()
         if self._config.stop_drivers_on_exit:
             self._stop_children()
+            for job_id in queued:
+                with contextlib.suppress(UnavailableError, redis.RedisError):
+                    self._settle(self.store(), job_id, "the scheduler stopped while the job "
+                                 "was queued", JobState.CANCELLED)
         with self._lock:
             if self._client is not None:
                 self._client.close()

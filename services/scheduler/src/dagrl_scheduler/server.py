@@ -26,12 +26,20 @@ from dagrl.rpc.streams import StreamSlots
 from dagrl.telemetry.rpc_tracing import server_interceptors
 from dagrl_scheduler.config import SchedulerConfig
 from dagrl_scheduler.manager import JobManager
-from dagrl_scheduler.service import PROTECTED_METHODS, SERVICE_NAME, SchedulerServicer
+from dagrl_scheduler.service import (
+    ALL_METHODS,
+    PROTECTED_METHODS,
+    SERVICE_NAME,
+    SchedulerServicer,
+)
 
 log = logging.getLogger(__name__)
 
 TOKEN_HINT = ("pass the scheduler's token: `dagrl submit/cancel --token T` or "
               "DAGRL_SCHEDULER_TOKEN=T")
+PRIVATE_HINT = ("this is a private scheduler (the embedded one of a `dagrl run`): it serves only "
+                "the CLI that started it; start your own with `dagrl run` or "
+                "`python -m dagrl_scheduler`")
 
 
 class SchedulerServer:
@@ -52,8 +60,9 @@ class SchedulerServer:
             return self
         interceptors: list[grpc.ServerInterceptor] = list(server_interceptors())
         if self.config.token:
-            interceptors.append(BearerTokenInterceptor(self.config.token, PROTECTED_METHODS,
-                                                       TOKEN_HINT))
+            protected, hint = ((ALL_METHODS, PRIVATE_HINT) if self.config.private
+                               else (PROTECTED_METHODS, TOKEN_HINT))
+            interceptors.append(BearerTokenInterceptor(self.config.token, protected, hint))
         streams = StreamSlots(self.config.max_streams, "DAGRL_SCHEDULER_MAX_STREAMS")
         pool = futures.ThreadPoolExecutor(max_workers=streams.pool_size(self.config.max_workers),
                                           thread_name_prefix="scheduler-rpc")

@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
 # Methods that change jobs: they need the bearer token when the scheduler has one.
 PROTECTED_METHODS = (f"/{SERVICE_NAME}/SubmitJob", f"/{SERVICE_NAME}/CancelJob")
+# A private scheduler (`dagrl run`'s embedded one) needs the token on every method of its own.
+ALL_METHODS = tuple(f"/{SERVICE_NAME}/{method.name}" for method in
+                    scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].methods)
 
 _STATE_TO_PROTO = {state: common_pb2.JobState.Value(f"JOB_STATE_{state.value}")
                    for state in JobState}
@@ -48,7 +51,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     def SubmitJob(self, request: scheduler_pb2.SubmitJobRequest,
                   context: grpc.ServicerContext) -> scheduler_pb2.SubmitJobResponse:
         try:
-            record = self._manager.submit(request.spec, request.cluster)
+            record = self._manager.submit(request.spec, request.cluster, request.priority)
             return scheduler_pb2.SubmitJobResponse(job=job_to_proto(record, with_plan=True))
         except Exception as exc:
             _abort(context, exc, "SubmitJob")
@@ -98,6 +101,7 @@ def job_to_proto(record: JobRecord, *, with_plan: bool = False) -> scheduler_pb2
                                          metrics=dict(record.metrics)),
         created_unix_ms=record.created_unix_ms, updated_unix_ms=record.updated_unix_ms,
         driver_log=record.driver_log, waiting_reason=record.waiting_reason,
+        queue_position=record.queue_position,
     )
     if with_plan and record.plan:
         job.plan.ParseFromString(record.plan)

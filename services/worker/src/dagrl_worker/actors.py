@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import os
 import socket
-import tempfile
-import uuid
-from pathlib import Path
 
 import ray
 
+from dagrl.rendezvous import rendezvous_file
 from dagrl_worker.dag_worker import DAGWorker
 from dagrl_worker.dataflow import open_shard_store
 from dagrl_worker.metrics import Summary
@@ -42,8 +40,7 @@ class DAGWorkerActor:
         and a free TCP port.
         """
         if sum(1 for node in ray.nodes() if node.get("Alive")) == 1:
-            name = f"dagrl-rendezvous-{os.getpid()}-{uuid.uuid4().hex}"
-            return f"file://{Path(tempfile.gettempdir()) / name}"
+            return f"file://{rendezvous_file(self.worker.spec.job_id)}"
         with socket.socket() as probe:
             probe.bind(("", 0))
             port = probe.getsockname()[1]

@@ -9,7 +9,9 @@ Layout of `<root>/global_step_<N>/`:
     trainer.json         step and dataloader position
 `<root>/latest_checkpointed_iteration.txt` names the newest committed step; it is
 replaced atomically after the rename, so a crash mid-save leaves the previous checkpoint
-as the latest. Older checkpoints beyond `max_checkpoints_to_keep` are deleted.
+as the latest. Older checkpoints beyond `max_checkpoints_to_keep` are deleted; only folders
+named exactly `global_step_<int>` count (`dagrl.checkpoint_layout`), a user's
+`global_step_1_backup` is left alone.
 
 Every rank calls `save` and `load`; the world process group synchronizes them. `.pt`
 files are read with `torch.load(weights_only=True)`: no arbitrary unpickling.
@@ -28,14 +30,9 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
+from dagrl.checkpoint_layout import LATEST_FILE, committed_steps, step_dir
 from dagrl_worker import checkpoint_files
 from dagrl_worker.training import lora
-
-LATEST_FILE = "latest_checkpointed_iteration.txt"
-
-
-def step_dir(root: Path, step: int) -> Path:
-    return root / f"global_step_{step}"
 
 
 def latest_step(root: Path) -> int | None:
@@ -95,8 +92,7 @@ def commit(root: Path, step: int, rank: int, keep: int) -> Path:
 def _prune(root: Path, keep: int) -> None:
     if keep <= 0:
         return
-    steps = sorted(int(p.name.rsplit("_", 1)[1]) for p in root.glob("global_step_*"))
-    for old in steps[:-keep]:
+    for old in committed_steps(root)[:-keep]:
         shutil.rmtree(step_dir(root, old), ignore_errors=True)
 
 

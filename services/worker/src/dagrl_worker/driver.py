@@ -42,6 +42,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from dagrl import metrics_file, telemetry
 from dagrl.config import to_dict
 from dagrl.jobs import JobState, JobStore
+from dagrl.local.processes import on_exit_of
 from dagrl.telemetry import names
 from dagrl.urls import redact_url, redact_urls
 from dagrl_worker.actors import DAGWorkerActor
@@ -431,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
         ray.init(**ray_options(args.ray_address, spec.plan_view().world_size))
         driver = Driver(spec, store)
         signal.signal(signal.SIGTERM, lambda *_: driver.request_cancel())
+        if args.owner_pid is not None:  # a job of `dagrl run` ends with its scheduler
+            on_exit_of(args.owner_pid, driver.request_cancel)
         outcome = driver.run(submit_context=dict(store.get(args.job_id).trace_context))
     except Exception as exc:
         log.exception("driver failed")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from dagrl.rpc.gen.common.v1 import common_pb2 as dagrl_dot_rpc_dot_gen_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*dagrl/rpc/gen/scheduler/v1/scheduler.proto\x12\x12\x64\x61grl.scheduler.v1\x1a$dagrl/rpc/gen/common/v1/common.proto\"a\n\x0b\x43lusterNode\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x64\x65vice_count\x18\x02 \x01(\x05\x12\x13\n\x0b\x64\x65vice_kind\x18\x03 \x01(\t\x12\x19\n\x11\x64\x65vice_memory_gib\x18\x04 \x01(\x01\"=\n\x0b\x43lusterSpec\x12.\n\x05nodes\x18\x01 \x03(\x0b\x32\x1f.dagrl.scheduler.v1.ClusterNode\"\xa1\x01\n\x07JobSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_yaml\x18\x02 \x01(\t\x12\x15\n\rworkflow_yaml\x18\x03 \x01(\t\x12\x11\n\toverrides\x18\x04 \x03(\t\x12\x15\n\rconfig_source\x18\x05 \x01(\t\x12\x17\n\x0fworkflow_source\x18\x06 \x01(\t\x12\x19\n\x11workflow_base_dir\x18\x07 \x01(\t\"\xb4\x01\n\x08Subgraph\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x10\n\x08node_ids\x18\x02 \x03(\t\x12\x0c\n\x04\x63ost\x18\x03 \x01(\x01\x12\x11\n\tnum_ranks\x18\x04 \x01(\x05\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\r\n\x05ranks\x18\x06 \x03(\x05\x12\x13\n\x0bideal_ranks\x18\x07 \x01(\x01\x12\x13\n\x0b\x64\x65vice_kind\x18\x08 \x01(\t\x12\x1d\n\x15min_device_memory_gib\x18\t \x01(\x01\"o\n\rRankPlacement\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x11\n\tnode_name\x18\x02 \x01(\t\x12\x12\n\nlocal_rank\x18\x03 \x01(\x05\x12\x16\n\x0esubgraph_index\x18\x04 \x01(\x05\x12\x11\n\tnode_rank\x18\x05 \x01(\x05\"=\n\x0cProcessGroup\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05ranks\x18\x02 \x03(\x05\x12\x10\n\x08node_ids\x18\x03 \x03(\t\"\x90\x01\n\nNodeLayout\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64p_size\x18\x02 \x01(\x05\x12\x0f\n\x07tp_size\x18\x03 \x01(\x05\x12\x0f\n\x07pp_size\x18\x04 \x01(\x05\x12\r\n\x05ranks\x18\x05 \x03(\x05\x12\x15\n\rprocess_group\x18\x06 \x01(\t\x12\x18\n\x10subgraph_indices\x18\x07 \x03(\x05\"\xe5\x02\n\x04Plan\x12\x12\n\nworld_size\x18\x01 \x01(\x05\x12/\n\tsubgraphs\x18\x02 \x03(\x0b\x32\x1c.dagrl.scheduler.v1.Subgraph\x12\x35\n\nplacements\x18\x03 \x03(\x0b\x32!.dagrl.scheduler.v1.RankPlacement\x12\x38\n\x0eprocess_groups\x18\x04 \x03(\x0b\x32 .dagrl.scheduler.v1.ProcessGroup\x12/\n\x07layouts\x18\x05 \x03(\x0b\x32\x1e.dagrl.scheduler.v1.NodeLayout\x12\x0e\n\x06\x64\x61g_id\x18\x06 \x01(\t\x12\x11\n\tcost_unit\x18\x07 \x01(\t\x12\x30\n\x07\x63luster\x18\x08 \x01(\x0b\x32\x1f.dagrl.scheduler.v1.ClusterSpec\x12\x12\n\nidle_slots\x18\t \x01(\x05\x12\r\n\x05notes\x18\n \x03(\t\"\x9c\x02\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12(\n\x05state\x18\x03 \x01(\x0e\x32\x19.dagrl.common.v1.JobState\x12\x16\n\x0e\x66\x61ilure_reason\x18\x04 \x01(\t\x12/\n\x08progress\x18\x05 \x01(\x0b\x32\x1d.dagrl.common.v1.StepProgress\x12&\n\x04plan\x18\x06 \x01(\x0b\x32\x18.dagrl.scheduler.v1.Plan\x12\x17\n\x0f\x63reated_unix_ms\x18\x07 \x01(\x03\x12\x17\n\x0fupdated_unix_ms\x18\x08 \x01(\x03\x12\x12\n\ndriver_log\x18\t \x01(\t\x12\x16\n\x0ewaiting_reason\x18\n \x01(\t\"m\n\x0ePlanJobRequest\x12)\n\x04spec\x18\x01 \x01(\x0b\x32\x1b.dagrl.scheduler.v1.JobSpec\x12\x30\n\x07\x63luster\x18\x02 \x01(\x0b\x32\x1f.dagrl.scheduler.v1.ClusterSpec\"9\n\x0fPlanJobResponse\x12&\n\x04plan\x18\x01 \x01(\x0b\x32\x18.dagrl.scheduler.v1.Plan\"o\n\x10SubmitJobRequest\x12)\n\x04spec\x18\x01 \x01(\x0b\x32\x1b.dagrl.scheduler.v1.JobSpec\x12\x30\n\x07\x63luster\x18\x02 \x01(\x0b\x32\x1f.dagrl.scheduler.v1.ClusterSpec\"9\n\x11SubmitJobResponse\x12$\n\x03job\x18\x01 \x01(\x0b\x32\x17.dagrl.scheduler.v1.Job\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"6\n\x0eGetJobResponse\x12$\n\x03job\x18\x01 \x01(\x0b\x32\x17.dagrl.scheduler.v1.Job\" \n\x0fListJobsRequest\x12\r\n\x05limit\x18\x01 \x01(\x05\"9\n\x10ListJobsResponse\x12%\n\x04jobs\x18\x01 \x03(\x0b\x32\x17.dagrl.scheduler.v1.Job\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"9\n\x11\x43\x61ncelJobResponse\x12$\n\x03job\x18\x01 \x01(\x0b\x32\x17.dagrl.scheduler.v1.Job\"!\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"0\n\x08JobEvent\x12$\n\x03job\x18\x01 \x01(\x0b\x32\x17.dagrl.scheduler.v1.Job2\x93\x04\n\x10SchedulerService\x12R\n\x07PlanJob\x12\".dagrl.scheduler.v1.PlanJobRequest\x1a#.dagrl.scheduler.v1.PlanJobResponse\x12X\n\tSubmitJob\x12$.dagrl.scheduler.v1.SubmitJobRequest\x1a%.dagrl.scheduler.v1.SubmitJobResponse\x12O\n\x06GetJob\x12!.dagrl.scheduler.v1.GetJobRequest\x1a\".dagrl.scheduler.v1.GetJobResponse\x12U\n\x08ListJobs\x12#.dagrl.scheduler.v1.ListJobsRequest\x1a$.dagrl.scheduler.v1.ListJobsResponse\x12X\n\tCancelJob\x12$.dagrl.scheduler.v1.CancelJobRequest\x1a%.dagrl.scheduler.v1.CancelJobResponse\x12O\n\x08WatchJob\x12#.dagrl.scheduler.v1.WatchJobRequest\x1a\x1c.dagrl.scheduler.v1.JobEvent0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*dagrl/rpc/gen/scheduler/v1/scheduler.proto\x12\x12\x64\x61grl.scheduler.v1\x1a$dagrl/rpc/gen/common/v1/common.proto\"a\n\x0b\x43lusterNode\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x64\x65vice_count\x18\x02 \x01(\x05\x12\x13\n\x0b\x64\x65vice_kind\x18\x03 \x01(\t\x12\x19\n\x11\x64\x65vice_memory_gib\x18\x04 \x01(\x01\"=\n\x0b\x43lusterSpec\x12.\n\x05nodes\x18\x01 \x03(\x0b\x32\x1f.dagrl.scheduler.v1.ClusterNode\"\xa1\x01\n\x07JobSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_yaml\x18\x02 \x01(\t\x12\x15\n\rworkflow_yaml\x18\x03 \x01(\t\x12\x11\n\toverrides\x18\x04 \x03(\t\x12\x15\n\rconfig_source\x18\x05 \x01(\t\x12\x17\n\x0fworkflow_source\x18\x06 \x01(\t\x12\x19\n\x11workflow_base_dir\x18\x07 \x01(\t\"\xb4\x01\n\x08Subgraph\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x10\n\x08node_ids\x18\x02 \x03(\t\x12\x0c\n\x04\x63ost\x18\x03 \x01(\x01\x12\x11\n\tnum_ranks\x18\x04 \x01(\x05\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\r\n\x05ranks\x18\x06 \x03(\x05\x12\x13\n\x0bideal_ranks\x18\x07 \x01(\x01\x12\x13\n\x0b\x64\x65vice_kind\x18\x08 \x01(\t\x12\x1d\n\x15min_device_memory_gib\x18\t \x01(\x01\"o\n\rRankPlacement\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x11\n\tnode_name\x18\x02 \x01(\t\x12\x12\n\nlocal_rank\x18\x03 \x01(\x05\x12\x16\n\x0esubgraph_index\x18\x04 \x01(\x05\x12\x11\n\tnode_rank\x18\x05 \x01(\x05\"=\n\x0cProcessGroup\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05ranks\x18\x02 \x03(\x05\x12\x10\n\x08node_ids\x18\x03 \x03(\t\"\x90\x01\n\nNodeLayout\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64p_size\x18\x02 \x01(\x05\x12\x0f\n\x07tp_size\x18\x03 \x01(\x05\x12\x0f\n\x07pp_size\x18\x04 \x01(\x05\x12\r\n\x05ranks\x18\x05 \x03(\x05\x12\x15\n\rprocess_group\x18\x06 \x01(\t\x12\x18\n\x10subgraph_indices\x18\x07 \x03(\x05\"\xe5\x02\n\x04Plan\x12\x12\n\nworld_size\x18\x01 \x01(\x05\x12/\n\tsubgraphs\x18\x02 \x03(\x0b\x32\x1c.dagrl.scheduler.v1.Subgraph\x12\x35\n\nplacements\x18\x03 \x03(\x0b\x32!.dagrl.scheduler.v1.RankPlacement\x12\x38\n\x0eprocess_groups\x18\x04 \x03(\x0b\x32 .dagrl.scheduler.v1.ProcessGroup\x12/\n\x07layouts\x18\x05 \x03(\x0b\x32\x1e.dagrl.scheduler.v1.NodeLayout\x12\x0e\n\x06\x64\x61g_id\x18\x06 \x01(\t\x12\x11\n\tcost_unit\x18\x07 \x01(\t\x12\x30\n\x07\x63luster\x18\x08 \x01(\x0b\x32\x1f.dagrl.scheduler.v1.ClusterSpec\x12\x12\n\nidle_slots\x18\t \x01(\x05\x12\r\n\x05notes\x18\n \x03(\t\"\xb4\x02\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12(\n\x05state\x18\x03 \x01(\x0e\x32\x19.dagrl.common.v1.JobState\x12\x16\n\x0e\x66\x61ilure_reason\x18\x04 \x01(\t\x12/\n\x08progress\x18\x05 \x01(\x0b\x32\x1d.dagrl.common.v1.StepProgress\x12&\n\x04plan\x18\x06 \x01(\x0b\x32\x18.dagrl.scheduler.v1.Plan\x12\x17\n\x0f\x63reated_unix_ms\x18\x07 \x01(\x03\x12\x17\n\x0fupdated_unix_ms\x18\x08 \x01(\x03\x12\x12\n\ndriver_log\x18\t \x01(\t\x12\x16\n\x0ewaiting_reason\x18\n \x01(\t\x12\x16\n\x0equeue_position\x18\x0b \x01(\x05\"m\n\x0ePlanJobRequest\x12)\n\x04spec\x18\x01 \x01(\x0b\x32\x1b.dagrl.scheduler.v1.JobSpec\x12\x30\n\x07\x63luster\x18\x02 \x01(\x0b\x32\x1f.dagrl.scheduler.v1.ClusterSpec\"9\n\x0fPlanJobResponse\x12&\n\x04plan\x18\x01 \x01(\x0b\x32\x18.dagrl.scheduler.v1.Plan\"\x81\x01\n\x10SubmitJobRequest\x12)\n\x04spec\x18\x01 \x01(\x0b\x32\x1b.dagrl.scheduler.v1.JobSpec\x12\x30\n\x07\x63luster\x18\x02 \x01(\x0b\x32\x1f.dagrl.scheduler.v1.ClusterSpec\x12\x10\n\x08priority\x18\x03 \x01(\x05\"9\n\x11SubmitJobResponse\x12$\n\x03job\x18\x01 \x01(\x0b\x32\x17.dagrl.scheduler.v1.Job\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"6\n\x0eGetJobResponse\x12$\n\x03job\x18\x01 \x01(\x0b\x32\x17.dagrl.scheduler.v1.Job\" \n\x0fListJobsRequest\x12\r\n\x05limit\x18\x01 \x01(\x05\"9\n\x10ListJobsResponse\x12%\n\x04jobs\x18\x01 \x03(\x0b\x32\x17.dagrl.scheduler.v1.Job\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"9\n\x11\x43\x61ncelJobResponse\x12$\n\x03job\x18\x01 \x01(\x0b\x32\x17.dagrl.scheduler.v1.Job\"!\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"0\n\x08JobEvent\x12$\n\x03job\x18\x01 \x01(\x0b\x32\x17.dagrl.scheduler.v1.Job2\x93\x04\n\x10SchedulerService\x12R\n\x07PlanJob\x12\".dagrl.scheduler.v1.PlanJobRequest\x1a#.dagrl.scheduler.v1.PlanJobResponse\x12X\n\tSubmitJob\x12$.dagrl.scheduler.v1.SubmitJobRequest\x1a%.dagrl.scheduler.v1.SubmitJobResponse\x12O\n\x06GetJob\x12!.dagrl.scheduler.v1.GetJobRequest\x1a\".dagrl.scheduler.v1.GetJobResponse\x12U\n\x08ListJobs\x12#.dagrl.scheduler.v1.ListJobsRequest\x1a$.dagrl.scheduler.v1.ListJobsResponse\x12X\n\tCancelJob\x12$.dagrl.scheduler.v1.CancelJobRequest\x1a%.dagrl.scheduler.v1.CancelJobResponse\x12O\n\x08WatchJob\x12#.dagrl.scheduler.v1.WatchJobRequest\x1a\x1c.dagrl.scheduler.v1.JobEvent0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -49,31 +49,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PLAN']._serialized_start=937
   _globals['_PLAN']._serialized_end=1294
   _globals['_JOB']._serialized_start=1297
-  _globals['_JOB']._serialized_end=1581
-  _globals['_PLANJOBREQUEST']._serialized_start=1583
-  _globals['_PLANJOBREQUEST']._serialized_end=1692
-  _globals['_PLANJOBRESPONSE']._serialized_start=1694
-  _globals['_PLANJOBRESPONSE']._serialized_end=1751
-  _globals['_SUBMITJOBREQUEST']._serialized_start=1753
-  _globals['_SUBMITJOBREQUEST']._serialized_end=1864
-  _globals['_SUBMITJOBRESPONSE']._serialized_start=1866
-  _globals['_SUBMITJOBRESPONSE']._serialized_end=1923
-  _globals['_GETJOBREQUEST']._serialized_start=1925
-  _globals['_GETJOBREQUEST']._serialized_end=1956
-  _globals['_GETJOBRESPONSE']._serialized_start=1958
-  _globals['_GETJOBRESPONSE']._serialized_end=2012
-  _globals['_LISTJOBSREQUEST']._serialized_start=2014
-  _globals['_LISTJOBSREQUEST']._serialized_end=2046
-  _globals['_LISTJOBSRESPONSE']._serialized_start=2048
-  _globals['_LISTJOBSRESPONSE']._serialized_end=2105
-  _globals['_CANCELJOBREQUEST']._serialized_start=2107
-  _globals['_CANCELJOBREQUEST']._serialized_end=2141
-  _globals['_CANCELJOBRESPONSE']._serialized_start=2143
-  _globals['_CANCELJOBRESPONSE']._serialized_end=2200
-  _globals['_WATCHJOBREQUEST']._serialized_start=2202
-  _globals['_WATCHJOBREQUEST']._serialized_end=2235
-  _globals['_JOBEVENT']._serialized_start=2237
-  _globals['_JOBEVENT']._serialized_end=2285
-  _globals['_SCHEDULERSERVICE']._serialized_start=2288
-  _globals['_SCHEDULERSERVICE']._serialized_end=2819
+  _globals['_JOB']._serialized_end=1605
+  _globals['_PLANJOBREQUEST']._serialized_start=1607
+  _globals['_PLANJOBREQUEST']._serialized_end=1716
+  _globals['_PLANJOBRESPONSE']._serialized_start=1718
+  _globals['_PLANJOBRESPONSE']._serialized_end=1775
+  _globals['_SUBMITJOBREQUEST']._serialized_start=1778
+  _globals['_SUBMITJOBREQUEST']._serialized_end=1907
+  _globals['_SUBMITJOBRESPONSE']._serialized_start=1909
+  _globals['_SUBMITJOBRESPONSE']._serialized_end=1966
+  _globals['_GETJOBREQUEST']._serialized_start=1968
+  _globals['_GETJOBREQUEST']._serialized_end=1999
+  _globals['_GETJOBRESPONSE']._serialized_start=2001
+  _globals['_GETJOBRESPONSE']._serialized_end=2055
+  _globals['_LISTJOBSREQUEST']._serialized_start=2057
+  _globals['_LISTJOBSREQUEST']._serialized_end=2089
+  _globals['_LISTJOBSRESPONSE']._serialized_start=2091
+  _globals['_LISTJOBSRESPONSE']._serialized_end=2148
+  _globals['_CANCELJOBREQUEST']._serialized_start=2150
+  _globals['_CANCELJOBREQUEST']._serialized_end=2184
+  _globals['_CANCELJOBRESPONSE']._serialized_start=2186
+  _globals['_CANCELJOBRESPONSE']._serialized_end=2243
+  _globals['_WATCHJOBREQUEST']._serialized_start=2245
+  _globals['_WATCHJOBREQUEST']._serialized_end=2278
+  _globals['_JOBEVENT']._serialized_start=2280
+  _globals['_JOBEVENT']._serialized_end=2328
+  _globals['_SCHEDULERSERVICE']._serialized_start=2331
+  _globals['_SCHEDULERSERVICE']._serialized_end=2862
 # @@protoc_insertion_point(module_scope)

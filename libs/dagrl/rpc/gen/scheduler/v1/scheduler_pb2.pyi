@@ -373,6 +373,7 @@ class Job(_message.Message):
     UPDATED_UNIX_MS_FIELD_NUMBER: _builtins.int
     DRIVER_LOG_FIELD_NUMBER: _builtins.int
     WAITING_REASON_FIELD_NUMBER: _builtins.int
+    QUEUE_POSITION_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     name: _builtins.str
     state: _common_pb2.JobState.ValueType
@@ -384,6 +385,10 @@ class Job(_message.Message):
     waiting_reason: _builtins.str
     """While RUNNING: why the job is not stepping now (e.g. waiting for a lost node to come
     back); empty when it is.
+    """
+    queue_position: _builtins.int
+    """While PENDING in the scheduler's queue: 1 for the next job to start, 2 after it, ...;
+    0 when the job is not queued. waiting_reason then says what it waits for.
     """
     @_builtins.property
     def progress(self) -> _common_pb2.StepProgress: ...
@@ -402,10 +407,11 @@ class Job(_message.Message):
         updated_unix_ms: _builtins.int = ...,
         driver_log: _builtins.str = ...,
         waiting_reason: _builtins.str = ...,
+        queue_position: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan", "progress", b"progress"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_unix_ms", b"created_unix_ms", "driver_log", b"driver_log", "failure_reason", b"failure_reason", "job_id", b"job_id", "name", b"name", "plan", b"plan", "progress", b"progress", "state", b"state", "updated_unix_ms", b"updated_unix_ms", "waiting_reason", b"waiting_reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_unix_ms", b"created_unix_ms", "driver_log", b"driver_log", "failure_reason", b"failure_reason", "job_id", b"job_id", "name", b"name", "plan", b"plan", "progress", b"progress", "queue_position", b"queue_position", "state", b"state", "updated_unix_ms", b"updated_unix_ms", "waiting_reason", b"waiting_reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -463,6 +469,9 @@ class SubmitJobRequest(_message.Message):
 
     SPEC_FIELD_NUMBER: _builtins.int
     CLUSTER_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    priority: _builtins.int
+    """Queue order: a waiting job of higher priority starts first; equal ones in submission order."""
     @_builtins.property
     def spec(self) -> Global___JobSpec: ...
     @_builtins.property
@@ -474,10 +483,11 @@ class SubmitJobRequest(_message.Message):
         *,
         spec: Global___JobSpec | None = ...,
         cluster: Global___ClusterSpec | None = ...,
+        priority: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "priority", b"priority", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

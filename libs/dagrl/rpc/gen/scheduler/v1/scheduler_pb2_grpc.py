@@ -77,7 +77,10 @@ class SchedulerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SubmitJob(self, request, context):
-        """Validate, plan, store and launch the job's driver. Needs the token when one is configured.
+        """Validate, plan, store and launch the job's driver — or queue the job (PENDING, with its
+        queue_position) while the running jobs hold the slots its plan needs; it starts when they
+        free. A job whose plan could never fit is RESOURCE_EXHAUSTED. Needs the token when one is
+        configured.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -42,7 +42,11 @@ class SchedulerServiceStub:
     PlanJob: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.PlanJobRequest, _scheduler_pb2.PlanJobResponse]
     """Dry run: validate the job and return the plan without storing or launching anything."""
     SubmitJob: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.SubmitJobRequest, _scheduler_pb2.SubmitJobResponse]
-    """Validate, plan, store and launch the job's driver. Needs the token when one is configured."""
+    """Validate, plan, store and launch the job's driver — or queue the job (PENDING, with its
+    queue_position) while the running jobs hold the slots its plan needs; it starts when they
+    free. A job whose plan could never fit is RESOURCE_EXHAUSTED. Needs the token when one is
+    configured.
+    """
     GetJob: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.GetJobRequest, _scheduler_pb2.GetJobResponse]
     ListJobs: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListJobsRequest, _scheduler_pb2.ListJobsResponse]
     """Jobs, newest first, without their plans (GetJob carries the plan)."""
@@ -61,7 +65,11 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     PlanJob: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.PlanJobRequest, _scheduler_pb2.PlanJobResponse]  # type: ignore[assignment]
     """Dry run: validate the job and return the plan without storing or launching anything."""
     SubmitJob: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.SubmitJobRequest, _scheduler_pb2.SubmitJobResponse]  # type: ignore[assignment]
-    """Validate, plan, store and launch the job's driver. Needs the token when one is configured."""
+    """Validate, plan, store and launch the job's driver — or queue the job (PENDING, with its
+    queue_position) while the running jobs hold the slots its plan needs; it starts when they
+    free. A job whose plan could never fit is RESOURCE_EXHAUSTED. Needs the token when one is
+    configured.
+    """
     GetJob: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.GetJobRequest, _scheduler_pb2.GetJobResponse]  # type: ignore[assignment]
     ListJobs: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListJobsRequest, _scheduler_pb2.ListJobsResponse]  # type: ignore[assignment]
     """Jobs, newest first, without their plans (GetJob carries the plan)."""
@@ -89,7 +97,11 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _scheduler_pb2.SubmitJobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.SubmitJobResponse, _abc.Awaitable[_scheduler_pb2.SubmitJobResponse]]:
-        """Validate, plan, store and launch the job's driver. Needs the token when one is configured."""
+        """Validate, plan, store and launch the job's driver — or queue the job (PENDING, with its
+        queue_position) while the running jobs hold the slots its plan needs; it starts when they
+        free. A job whose plan could never fit is RESOURCE_EXHAUSTED. Needs the token when one is
+        configured.
+        """
 
     @_abc_1.abstractmethod
     def GetJob(
