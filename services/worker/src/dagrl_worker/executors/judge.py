@@ -17,7 +17,8 @@ REWARD node downstream combines it with the other sources (`reward.sources`) int
 - The parser (`judge_parser`): a regex (RE2: linear time) with one capture group, searched in
   the verdict, whose capture is the score (a number); or `module:function`, called with the
   verdict text, which returns a number or None. A verdict no number comes out of is
-  unparseable: it scores `judge_default_score` and is counted (`judge/unparseable`, `judge/unparseable_ratio`).
+  unparseable: it scores `judge_default_score` and is counted (`judge/unparseable`,
+  `judge/unparseable_ratio`).
 """
 
 from __future__ import annotations
