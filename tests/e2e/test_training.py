@@ -190,13 +190,14 @@ def test_fsdp2_bf16_mixed_precision_trains_fp32_master_weights(
     """#24: FSDP2's MixedPrecisionPolicy over gloo (bf16 all-gathers and compute, fp32
     reduce), the reference held in bf16: the job trains, the checkpoint holds fp32 weights
     that moved, and every step reports its memory."""
-    mixed = {"param_dtype": "bfloat16"}
+    bf16 = "bfloat16"
     _driver, outcome = run_job(
         assets, redis_server, tmp_path,
         trainer={"total_training_steps": 3, "save_freq": 3, "val_before_train": False,
                  "test_freq": -1},
-        actor_rollout_ref={"actor.strategy": "fsdp", "actor.fsdp_config.mixed_precision": mixed,
-                           "ref.fsdp_config.mixed_precision": mixed})
+        actor_rollout_ref={"actor.strategy": "fsdp",
+                           "actor.fsdp_config.mixed_precision.param_dtype": bf16,
+                           "ref.fsdp_config.mixed_precision.param_dtype": bf16})
     assert outcome.state == JobState.SUCCEEDED, outcome.reason
     assert len(series(outcome, "actor/pg_loss")) == 3
     saved = _actor_weights(tmp_path / "ckpt", 3)
