@@ -114,7 +114,7 @@ def episodes_to_batch(samples: Batch, outcomes: list[EpisodeOutcome], pad_token_
         raise ValueError(f"a sequence is longer than data.max_response_length={width}; the "
                          "endpoint keeps every sequence within it, so this is a bug")
     out = turns_to_batch(rows, episodes, pad_token_id, width)
-    if not any(rewarded):  # the REWARD node scores the answers
+    if rewarded and not any(rewarded):  # the REWARD node scores the answers
         out = out.without_fields(["token_level_scores"])
     versions = torch.tensor([seq.version for _, _, seq in picks], dtype=torch.long)  # [B]
     return out.with_fields(tensors={ROLLOUT_VERSION: versions})

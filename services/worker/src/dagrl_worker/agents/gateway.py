@@ -30,7 +30,7 @@ from dagrl_worker.agents.protocol import (
     parse_chat,
     parse_completion,
 )
-from dagrl_worker.agents.rendering import ChatTail, CompletionTail, Renderer
+from dagrl_worker.agents.rendering import ChatTail, CompletionTail, Prompt, Renderer
 from dagrl_worker.agents.sessions import Sequence, Session, SessionRegistry
 
 HOST = "127.0.0.1"
@@ -104,41 +104,26 @@ class Gateway:
 
     async def _chat(self, request: web.Request) -> web.Response:
         chat = parse_chat(parse_body(await request.read()), self.limits)
-        session = request[_SESSION]
-
-        def inserted_after(sequence: Sequence) -> list[int] | None:
-            return self.renderer.chat_extension(sequence, chat.messages, chat.tools)
-
-        parent, inserted = session.extended(inserted_after)
-        text = self.renderer.chat_text(chat.messages, chat.tools)
-        prompt_ids = (parent.tokens() + inserted if parent is not None
-                      else self.renderer.encode(text))
-        choices = await self._call(session, parent, prompt_ids, inserted, chat.sampling,
-                                   lambda reply: ChatTail(chat.messages, chat.tools, text, reply))
-        return web.json_response(chat_answer(self.limits.model_name, choices, len(prompt_ids),
+        prompt = self.renderer.chat_prompt(request[_SESSION], chat.messages, chat.tools)
+        choices = await self._call(
+            request[_SESSION], prompt, chat.sampling,
+            lambda reply: ChatTail(chat.messages, chat.tools, prompt.text, reply))
+        return web.json_response(chat_answer(self.limits.model_name, choices, len(prompt.ids),
                                              chat.sampling.logprobs))
 
     async def _completions(self, request: web.Request) -> web.Response:
         call = parse_completion(parse_body(await request.read()), self.limits)
-        session = request[_SESSION]
-        prompt = call.prompt
-
-        def inserted_after(sequence: Sequence) -> list[int] | None:
-            return self.renderer.completion_extension(sequence, prompt)
-
-        parent, inserted = session.extended(inserted_after)
-        fresh = prompt if isinstance(prompt, list) else self.renderer.encode(prompt)
-        prompt_ids = parent.tokens() + inserted if parent is not None else fresh
-        text = prompt if isinstance(prompt, str) else ""
-        choices = await self._call(session, parent, prompt_ids, inserted, call.sampling,
-                                   lambda reply: CompletionTail(text + reply))
+        prompt = self.renderer.completion_prompt(request[_SESSION], call.prompt)
+        choices = await self._call(request[_SESSION], prompt, call.sampling,
+                                   lambda reply: CompletionTail(prompt.text + reply))
         return web.json_response(completion_answer(self.limits.model_name, choices,
-                                                   len(prompt_ids), call.sampling.logprobs))
+                                                   len(prompt.ids), call.sampling.logprobs))
 
-    async def _call(self, session: Session, parent: Sequence | None, prompt_ids: list[int],
-                    inserted: list[int], sampling: Sampling, tail: Any) -> list[Choice]:
+    async def _call(self, session: Session, prompt: Prompt, sampling: Sampling,
+                    tail: Any) -> list[Choice]:
         """Generate for one call within the session's budgets, record it, shape its choices."""
-        budget = self._budget(parent, prompt_ids, inserted)
+        parent = prompt.parent
+        budget = self._budget(parent, prompt.ids, prompt.inserted)
         if sampling.max_tokens is not None and sampling.max_tokens > budget:
             raise GatewayError(400, f"max_tokens={sampling.max_tokens} does not fit: this "
                                     f"conversation has {budget} tokens of its "
@@ -146,7 +131,7 @@ class Gateway:
                                param="max_tokens", code="context_length_exceeded")
         defaults = self.batcher.defaults
         request = GenerationRequest(
-            prompt_ids, sampling.n, min(sampling.max_tokens or budget, budget),
+            prompt.ids, sampling.n, min(sampling.max_tokens or budget, budget),
             defaults.temperature if sampling.temperature is None else sampling.temperature,
             defaults.top_p if sampling.top_p is None else sampling.top_p)
         started, grown = time.perf_counter(), parent and len(parent.response_ids)
@@ -157,7 +142,7 @@ class Gateway:
         replies = [self.renderer.reply(s.ids, s.log_probs, sampling.stop) for s in sampled]
         kept = [replace(s, ids=r.ids, log_probs=r.log_probs, finished=r.finished)
                 for s, r in zip(sampled, replies, strict=True)]
-        session.record(parent, prompt_ids, inserted,
+        session.record(parent, prompt.ids, prompt.inserted,
                        [(s, tail(r.text)) for s, r in zip(kept, replies, strict=True)])
         return [Choice(r.text, r.finished, self.renderer.token_texts(r.ids), r.log_probs,
                        len(r.ids)) for r in replies]

@@ -23,7 +23,7 @@ from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
 from dagrl_worker.agents.protocol import GatewayError
-from dagrl_worker.agents.sessions import Sequence
+from dagrl_worker.agents.sessions import Sequence, Session
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,16 @@ class ChatTail:
 @dataclass(frozen=True)
 class CompletionTail:
     text: str  # prompt text + reply text
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What one call gives the engine, and the sequence it extends (None: a new one)."""
+
+    ids: list[int]
+    parent: Sequence | None
+    inserted: list[int]  # the tokens after `parent`'s (empty without a parent)
+    text: str  # the rendered prompt ("" for a prompt of token ids)
 
 
 @dataclass(frozen=True)
@@ -69,6 +79,25 @@ class Renderer:
 
     def token_texts(self, ids: list[int]) -> list[str]:
         return [self.tokenizer.decode([i]) for i in ids]
+
+    def chat_prompt(self, session: Session, messages: list[dict[str, Any]],
+                    tools: list[dict[str, Any]] | None) -> Prompt:
+        """The prompt of a chat call in `session`: extending one of its sequences when the
+        messages do (module docstring), else the template's text encoded afresh."""
+        text = self.chat_text(messages, tools)
+        parent, inserted = session.extended(
+            lambda sequence: self.chat_extension(sequence, messages, tools))
+        ids = parent.tokens() + inserted if parent is not None else self.encode(text)
+        return Prompt(ids, parent, inserted, text)
+
+    def completion_prompt(self, session: Session, prompt: str | list[int]) -> Prompt:
+        parent, inserted = session.extended(
+            lambda sequence: self.completion_extension(sequence, prompt))
+        text = prompt if isinstance(prompt, str) else ""
+        if parent is not None:
+            return Prompt(parent.tokens() + inserted, parent, inserted, text)
+        return Prompt(list(prompt) if isinstance(prompt, list) else self.encode(prompt), None,
+                      [], text)
 
     def chat_extension(self, sequence: Sequence, messages: list[dict[str, Any]],
                        tools: list[dict[str, Any]] | None) -> list[int] | None:
