@@ -34,7 +34,7 @@ from dagrl_worker.agents.rendering import ChatTail, CompletionTail, Prompt, Rend
 from dagrl_worker.agents.sessions import Sequence, Session, SessionRegistry
 
 HOST = "127.0.0.1"
-_SESSION = web.AppKey("session", Session)
+_SESSION = web.RequestKey("session", Session)
 
 
 class Gateway:
