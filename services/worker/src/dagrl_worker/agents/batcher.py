@@ -2,7 +2,7 @@
 
 Owns the batching window: the first pending call opens it, every call that arrives within
 `window_s` joins, and the calls collected are served by one `RolloutBackend.generate` per
-distinct (temperature, top_p) — in a worker thread, so the endpoint keeps accepting calls
+distinct (temperature, top_p) the calls ask for (unset: the rollout's sampling) — in a worker thread, so the endpoint keeps accepting calls
 (which join the next generation) while one runs. A call with `n` choices is n rows.
 `batch_sizes` records how many rows each backend generation had (tests and the
 `agent/batch_size/mean` metric read it).
@@ -24,8 +24,8 @@ class GenerationRequest:
     prompt_ids: list[int]
     n: int
     max_new_tokens: int
-    temperature: float
-    top_p: float
+    temperature: float | None  # None: the rollout's sampling (greedy or not, its temperature)
+    top_p: float | None
 
 
 @dataclass
@@ -61,7 +61,7 @@ class GenerationBatcher:
             await asyncio.sleep(self.window_s)
             self._arrived.clear()
             pending, self._pending = self._pending, []
-            groups: dict[tuple[float, float], list[_Pending]] = {}
+            groups: dict[tuple[float | None, float | None], list[_Pending]] = {}
             for item in pending:
                 if not item.future.done():  # its caller may have gone (timeout)
                     key = (item.request.temperature, item.request.top_p)
@@ -69,12 +69,14 @@ class GenerationBatcher:
             for (temperature, top_p), items in groups.items():
                 await self._serve_group(items, temperature, top_p)
 
-    async def _serve_group(self, items: list[_Pending], temperature: float,
-                           top_p: float) -> None:
+    async def _serve_group(self, items: list[_Pending], temperature: float | None,
+                           top_p: float | None) -> None:
         contexts = [item.request.prompt_ids for item in items for _ in range(item.request.n)]
         width = max(item.request.max_new_tokens for item in items)
-        params = replace(self.defaults, do_sample=temperature > 0,
-                         temperature=temperature if temperature > 0 else 1.0, top_p=top_p)
+        params = self.defaults if top_p is None else replace(self.defaults, top_p=top_p)
+        if temperature is not None:  # 0: greedy, as OpenAI's servers read it
+            params = replace(params, do_sample=temperature > 0,
+                             temperature=temperature if temperature > 0 else 1.0)
         generate = backend_generate_fn(self.backend, self.pad_token_id, params)
         self.batch_sizes.append(len(contexts))
         started = time.perf_counter()

@@ -129,11 +129,9 @@ class Gateway:
                                     f"conversation has {budget} tokens of its "
                                     f"{self.limits.max_response_tokens}-token budget left",
                                param="max_tokens", code="context_length_exceeded")
-        defaults = self.batcher.defaults
-        request = GenerationRequest(
-            prompt.ids, sampling.n, min(sampling.max_tokens or budget, budget),
-            defaults.temperature if sampling.temperature is None else sampling.temperature,
-            defaults.top_p if sampling.top_p is None else sampling.top_p)
+        request = GenerationRequest(prompt.ids, sampling.n,
+                                    min(sampling.max_tokens or budget, budget),
+                                    sampling.temperature, sampling.top_p)
         started, grown = time.perf_counter(), parent and len(parent.response_ids)
         sampled = await self.batcher.generate(request)
         session.generate_s += time.perf_counter() - started
