@@ -2,8 +2,9 @@
 
 Owns the batching window: the first pending call opens it, every call that arrives within
 `window_s` joins, and the calls collected are served by one `RolloutBackend.generate` per
-distinct (temperature, top_p) the calls ask for (unset: the rollout's sampling) — in a worker thread, so the endpoint keeps accepting calls
-(which join the next generation) while one runs. A call with `n` choices is n rows.
+distinct (temperature, top_p) they ask for (unset: the rollout's own sampling, greedy or not)
+— in a worker thread, so the endpoint keeps accepting calls (which join the next generation)
+while one runs. A call with `n` choices is n rows.
 `batch_sizes` records how many rows each backend generation had (tests and the
 `agent/batch_size/mean` metric read it).
 """
