@@ -17,7 +17,7 @@ by a stop string keeps its sampled tokens (the stop text included) in the sequen
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
@@ -63,13 +63,17 @@ class Renderer:
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
         self.eos_token_id = int(tokenizer.eos_token_id)
-        self.eos_text = tokenizer.decode([self.eos_token_id])
+        self.eos_text = self.decode([self.eos_token_id])
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
 
     def chat_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                   generation_prompt: bool = True) -> str:
         try:
             return str(self.tokenizer.apply_chat_template(
-                messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt))
+                messages, tools=cast(Any, tools), tokenize=False,
+                add_generation_prompt=generation_prompt))
         except (TemplateError, TypeError, ValueError) as exc:
             raise GatewayError(400, f"the model's chat template refused these messages: {exc}",
                                param="messages") from None
@@ -78,7 +82,7 @@ class Renderer:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def token_texts(self, ids: list[int]) -> list[str]:
-        return [self.tokenizer.decode([i]) for i in ids]
+        return [self.decode([i]) for i in ids]
 
     def chat_prompt(self, session: Session, messages: list[dict[str, Any]],
                     tools: list[dict[str, Any]] | None) -> Prompt:
@@ -139,9 +143,8 @@ class Renderer:
         the first one (its text is left out of the reply)."""
         finished = ids[-1:] == [self.eos_token_id]
         for end in range(1, len(ids) + 1) if stops else ():
-            text = self.tokenizer.decode(ids[:end], skip_special_tokens=True)
+            text = self.decode(ids[:end], skip_special_tokens=True)
             found = [text.find(s) for s in stops if s in text]
             if found:
                 return Reply(ids[:end], log_probs[:end], text[:min(found)], True)
-        return Reply(ids, log_probs, self.tokenizer.decode(ids, skip_special_tokens=True),
-                     finished)
+        return Reply(ids, log_probs, self.decode(ids, skip_special_tokens=True), finished)
