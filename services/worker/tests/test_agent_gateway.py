@@ -190,3 +190,24 @@ def test_64_sessions_are_served_by_batched_generation_and_trained_as_sampled(
         actor, _ = response_log_probs(module, out, temperature=1.0)
     on_policy = out.tensors["response_mask"].bool()
     assert float((actor - out.tensors["rollout_log_probs"])[on_policy].abs().max()) <= 1e-4
+
+
+def test_max_tokens_is_cut_to_the_sequence_budget_and_a_spent_one_is_refused(
+        policy: tuple[Any, Any]) -> None:
+    async def body(gateway: Gateway, backend: SeenBackend) -> None:
+        session = gateway.sessions.open()
+        client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key=session.key,
+                                    max_retries=0)
+        first = await client.completions.create(model="policy", prompt="Q:", max_tokens=16)
+        text = "Q:" + first.choices[0].text
+        (sequence,) = session.sequences
+        text += "x" * (WIDTH - len(sequence.response_ids) - 5)  # 5 tokens left
+        second = await client.completions.create(model="policy", prompt=text, max_tokens=16)
+        assert len(session.sequences) == 1 and sequence.calls == 2  # it extended
+        assert second.usage.completion_tokens <= 5 and len(sequence.response_ids) <= WIDTH
+        with pytest.raises(openai.BadRequestError) as spent:
+            await client.completions.create(model="policy", max_tokens=4,
+                                            prompt=text + second.choices[0].text + "y" * 6)
+        assert spent.value.code == "context_length_exceeded"
+        await client.close()
+    serve(policy, body)

@@ -123,12 +123,9 @@ class Gateway:
                     tail: Any) -> list[Choice]:
         """Generate for one call within the session's budgets, record it, shape its choices."""
         parent = prompt.parent
+        # a max_tokens past what the sequence has left is cut to it (finish_reason "length"),
+        # as the multi-turn loop cuts a turn: the episode goes on and trains what it sampled
         budget = self._budget(parent, prompt.ids, prompt.inserted)
-        if sampling.max_tokens is not None and sampling.max_tokens > budget:
-            raise GatewayError(400, f"max_tokens={sampling.max_tokens} does not fit: this "
-                                    f"conversation has {budget} tokens of its "
-                                    f"{self.limits.max_response_tokens}-token budget left",
-                               param="max_tokens", code="context_length_exceeded")
         request = GenerationRequest(prompt.ids, sampling.n,
                                     min(sampling.max_tokens or budget, budget),
                                     sampling.temperature, sampling.top_p)
