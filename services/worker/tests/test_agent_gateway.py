@@ -192,7 +192,7 @@ def test_64_sessions_are_served_by_batched_generation_and_trained_as_sampled(
     assert float((actor - out.tensors["rollout_log_probs"])[on_policy].abs().max()) <= 1e-4
 
 
-def test_max_tokens_is_cut_to_the_sequence_budget_and_a_spent_one_is_refused(
+def test_max_tokens_is_cut_to_the_sequence_budget_and_a_spent_one_answers_empty(
         policy: tuple[Any, Any]) -> None:
     async def body(gateway: Gateway, backend: SeenBackend) -> None:
         session = gateway.sessions.open()
@@ -205,9 +205,13 @@ def test_max_tokens_is_cut_to_the_sequence_budget_and_a_spent_one_is_refused(
         second = await client.completions.create(model="policy", prompt=text, max_tokens=16)
         assert len(session.sequences) == 1 and sequence.calls == 2  # it extended
         assert second.usage.completion_tokens <= 5 and len(sequence.response_ids) <= WIDTH
-        with pytest.raises(openai.BadRequestError) as spent:
-            await client.completions.create(model="policy", max_tokens=4,
-                                            prompt=text + second.choices[0].text + "y" * 6)
-        assert spent.value.code == "context_length_exceeded"
+        spent = await client.completions.create(model="policy", max_tokens=4,
+                                                prompt=text + second.choices[0].text + "y" * 6)
+        assert spent.choices[0].text == "" and spent.choices[0].finish_reason == "length"
+        assert spent.usage.completion_tokens == 0 and sequence.calls == 2
+        assert sum(backend.batch_sizes) == 2  # nothing generated for the spent budget
+        with pytest.raises(openai.BadRequestError) as long_prompt:
+            await client.completions.create(model="policy", prompt="z" * 65)
+        assert long_prompt.value.code == "context_length_exceeded"
         await client.close()
     serve(policy, body)

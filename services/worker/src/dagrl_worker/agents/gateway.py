@@ -124,8 +124,12 @@ class Gateway:
         """Generate for one call within the session's budgets, record it, shape its choices."""
         parent = prompt.parent
         # a max_tokens past what the sequence has left is cut to it (finish_reason "length"),
-        # as the multi-turn loop cuts a turn: the episode goes on and trains what it sampled
+        # as the multi-turn loop cuts a turn: the episode goes on and trains what it sampled;
+        # with nothing left the reply is empty, "length", and nothing is generated or recorded
         budget = self._budget(parent, prompt.ids, prompt.inserted)
+        if budget < 1:
+            session.calls += 1
+            return [Choice("", False, [], [], 0) for _ in range(sampling.n)]
         request = GenerationRequest(prompt.ids, sampling.n,
                                     min(sampling.max_tokens or budget, budget),
                                     sampling.temperature, sampling.top_p)
@@ -144,7 +148,8 @@ class Gateway:
 
     def _budget(self, parent: Sequence | None, prompt_ids: list[int],
                 inserted: list[int]) -> int:
-        """Tokens this call may sample: what its sequence's response budget has left."""
+        """Tokens this call may sample: what its sequence's response budget has left (<= 0:
+        spent); a first prompt over `max_prompt_tokens` is refused."""
         limits = self.limits
         if parent is None:
             if len(prompt_ids) > limits.max_prompt_tokens:
@@ -155,9 +160,4 @@ class Gateway:
             left = limits.max_response_tokens
         else:
             left = limits.max_response_tokens - len(parent.response_ids) - len(inserted)
-        if left < 1:
-            raise GatewayError(400, "this conversation has used its whole "
-                                    f"{limits.max_response_tokens}-token budget "
-                                    "(data.max_response_length); end the episode",
-                               param="messages", code="context_length_exceeded")
         return min(left, limits.max_tokens_per_call)
