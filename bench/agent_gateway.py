@@ -60,12 +60,12 @@ def load_agent() -> Any:
     return module.agent
 
 
-def gateway(backend: HFRollout, tokenizer: Any, max_tokens: int) -> Gateway:
+def gateway(backend: HFRollout, tokenizer: Any, max_tokens: int, width: int = WIDTH) -> Gateway:
     batcher = GenerationBatcher(backend, int(tokenizer.pad_token_id),
                                 int(tokenizer.eos_token_id), GREEDY, 0, 0.005)
     return Gateway(Renderer(tokenizer), batcher, GatewayLimits(
         "policy", max_tokens_per_call=max_tokens, max_prompt_tokens=64,
-        max_response_tokens=WIDTH, max_choices=1))
+        max_response_tokens=width, max_choices=1))
 
 
 async def agent_rollout(agent: Any, rows: list[dict[str, Any]], backend: HFRollout,
@@ -126,7 +126,7 @@ async def one_token_calls(client: openai.AsyncOpenAI, calls: int) -> None:
 
 
 async def requests_per_second(backend: HFRollout, tokenizer: Any, calls: int) -> float:
-    endpoint = gateway(backend, tokenizer, 1)
+    endpoint = gateway(backend, tokenizer, 1, width=4096)  # every call generates
     await endpoint.start()
 
     async def agent(client: openai.AsyncOpenAI, sample: dict[str, Any]) -> float:
@@ -143,6 +143,8 @@ async def requests_per_second(backend: HFRollout, tokenizer: Any, calls: int) ->
     if served != 64 * calls:
         raise RuntimeError(f"served {served} calls of {64 * calls}")
     sizes = endpoint.batcher.batch_sizes
+    if sum(sizes) != 64 * calls:
+        raise RuntimeError(f"generated {sum(sizes)} rows for {64 * calls} calls")
     print(f"endpoint: {served} calls in {seconds:.2f} s, {len(sizes)} generations, "
           f"mean batch {sum(sizes) / len(sizes):.1f}")
     return served / seconds

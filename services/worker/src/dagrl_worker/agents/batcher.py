@@ -1,10 +1,11 @@
 """Concurrent endpoint calls served by shared rollout-backend generations.
 
-Owns the batching window: the first pending call opens it, every call that arrives within
-`window_s` joins, and the calls collected are served by one `RolloutBackend.generate` per
-distinct (temperature, top_p) they ask for (unset: the rollout's own sampling, greedy or not)
-— in a worker thread, so the endpoint keeps accepting calls (which join the next generation)
-while one runs. A call with `n` choices is n rows.
+Owns the batching window: the first pending call opens it, and it stays open while calls keep
+arriving (each `window_s` that brings a new one extends it, up to `MAX_WINDOWS`) unless every
+open session already has a call waiting. The calls collected are served by one
+`RolloutBackend.generate` per distinct (temperature, top_p) they ask for (unset: the rollout's
+own sampling, greedy or not), in a worker thread, so the endpoint keeps accepting calls
+(which join the next generation) while one runs. A call with `n` choices is n rows.
 `batch_sizes` records how many rows each backend generation had (tests and the
 `agent/batch_size/mean` metric read it).
 """
@@ -13,11 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from dagrl_worker.agents.sessions import Sampled
 from dagrl_worker.rollout.base import RolloutBackend, SamplingParams
 from dagrl_worker.rollout.multiturn import as_continuation, backend_generate_fn
+
+MAX_WINDOWS = 20  # the longest a call waits for others: 20 batching windows
 
 
 @dataclass(frozen=True)
@@ -55,11 +59,12 @@ class GenerationBatcher:
         self._arrived.set()
         return await future
 
-    async def serve(self) -> None:
-        """Until cancelled: collect the calls of one window, generate, answer them."""
+    async def serve(self, live: Callable[[], int]) -> None:
+        """Until cancelled: collect calls (`_collect`), generate, answer them. `live()`: the
+        sessions open now (an upper bound on the calls that can still come)."""
         while True:
             await self._arrived.wait()
-            await asyncio.sleep(self.window_s)
+            await self._collect(live)
             self._arrived.clear()
             pending, self._pending = self._pending, []
             groups: dict[tuple[float | None, float | None], list[_Pending]] = {}
@@ -69,6 +74,17 @@ class GenerationBatcher:
                     groups.setdefault(key, []).append(item)
             for (temperature, top_p), items in groups.items():
                 await self._serve_group(items, temperature, top_p)
+
+    async def _collect(self, live: Callable[[], int]) -> None:
+        """Wait while calls keep arriving: until every live session has a call waiting, a
+        quiet `window_s` passes without a new one, or MAX_WINDOWS windows have passed."""
+        for _ in range(MAX_WINDOWS):
+            seen = len(self._pending)
+            if seen >= live():
+                return
+            await asyncio.sleep(self.window_s)
+            if len(self._pending) == seen:
+                return
 
     async def _serve_group(self, items: list[_Pending], temperature: float | None,
                            top_p: float | None) -> None:

@@ -65,7 +65,7 @@ class Gateway:
         site = web.TCPSite(self._runner, HOST, 0)
         await site.start()
         self.port = int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
-        self._server = asyncio.create_task(self.batcher.serve())
+        self._server = asyncio.create_task(self.batcher.serve(lambda: len(self.sessions)))
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -143,8 +143,8 @@ class Gateway:
                 for s, r in zip(sampled, replies, strict=True)]
         session.record(parent, prompt.ids, prompt.inserted,
                        [(s, tail(r.text)) for s, r in zip(kept, replies, strict=True)])
-        return [Choice(r.text, r.finished, self.renderer.token_texts(r.ids), r.log_probs,
-                       len(r.ids)) for r in replies]
+        return [Choice(r.text, r.finished, self.renderer.token_texts(r.ids) if sampling.logprobs
+                       else [], r.log_probs, len(r.ids)) for r in replies]
 
     def _budget(self, parent: Sequence | None, prompt_ids: list[int],
                 inserted: list[int]) -> int:

@@ -183,7 +183,7 @@ def _number(body: dict[str, Any], name: str, kind: type, default: Any) -> Any:
 class Choice:
     text: str
     finished: bool
-    tokens: list[str]  # each sampled token's text, for logprobs
+    tokens: list[str]  # each sampled token's text, when logprobs were asked for
     log_probs: list[float]
     sampled: int  # how many tokens it sampled
 

@@ -90,7 +90,7 @@ class Renderer:
         messages do (module docstring), else the template's text encoded afresh."""
         text = self.chat_text(messages, tools)
         parent, inserted = session.extended(
-            lambda sequence: self.chat_extension(sequence, messages, tools))
+            lambda sequence: self.chat_extension(sequence, messages, tools, text))
         ids = parent.tokens() + inserted if parent is not None else self.encode(text)
         return Prompt(ids, parent, inserted, text)
 
@@ -104,8 +104,9 @@ class Renderer:
                       [], text)
 
     def chat_extension(self, sequence: Sequence, messages: list[dict[str, Any]],
-                       tools: list[dict[str, Any]] | None) -> list[int] | None:
-        """The tokens to insert when these messages extend `sequence`, else None."""
+                       tools: list[dict[str, Any]] | None, full: str) -> list[int] | None:
+        """The tokens to insert when these messages (rendered: `full`) extend `sequence`,
+        else None."""
         tail = sequence.tail
         if not isinstance(tail, ChatTail) or tail.tools != tools:
             return None
@@ -115,7 +116,6 @@ class Renderer:
                 or reply.get("content") != tail.reply or reply.get("tool_calls")):
             return None
         upto = self.chat_text(messages[:old + 1], tools, generation_prompt=False)
-        full = self.chat_text(messages, tools)
         if not upto.startswith(tail.prompt_text + tail.reply) or not full.startswith(upto):
             return None
         closing = upto[len(tail.prompt_text) + len(tail.reply):]

@@ -123,6 +123,9 @@ class SessionRegistry:
                 return session
         return None
 
+    def __len__(self) -> int:
+        return len(self._sessions)
+
     def close(self, session: Session) -> None:
         """Its key answers nothing any more; the recorded calls stay with `session`."""
         self._sessions.pop(session.key, None)
