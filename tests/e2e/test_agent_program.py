@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dagrl.engines import is_engine_installed
 from dagrl.jobs import JobState
 from dagrl.local import LocalRedis
 from dagrl.workflow import load_workflow
+from dagrl_scheduler.planning import Cluster, make_plan
 from dagrl_worker.driver import Driver
 from dagrl_worker.plan_view import colocated_plan
 from dagrl_worker.spec import WorkerSpec
@@ -24,7 +26,7 @@ RANKS = 2
 STEPS = 8
 
 
-def agent_job(assets: Path, tmp_path: Path) -> dict:
+def agent_job(assets: Path, tmp_path: Path, backend: str = "hf") -> dict:
     """`examples/agent_calculator.yaml` on `assets`, its agent named by absolute path (Ray
     workers need not share the test's working directory)."""
     workflow = (EXAMPLES / "agent_calculator_workflow.yaml").read_text().replace(
@@ -34,16 +36,20 @@ def agent_job(assets: Path, tmp_path: Path) -> dict:
     return job_config(
         assets, "agent_calculator",
         data={"train_batch_size": 8},
-        actor_rollout_ref={"rollout.n": 4, "actor.ppo_mini_batch_size": 8},
+        actor_rollout_ref={"rollout.n": 4, "actor.ppo_mini_batch_size": 8,
+                           "rollout.name": backend},
         trainer={"total_training_steps": STEPS, "save_freq": -1, "logger": ["console"],
                  "val_before_train": True, "test_freq": STEPS,
                  "default_local_dir": str(tmp_path)},
         workflow={"source": str(source)})
 
 
+@pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=pytest.mark.skipif(
+    not is_engine_installed("vllm"), reason="vllm is not installed"))])
 def test_agent_program_trains_on_two_ranks(ray_session: None, tool_assets: Path,
-                                           redis_server: LocalRedis, tmp_path: Path) -> None:
-    config = agent_job(tool_assets, tmp_path)
+                                           redis_server: LocalRedis, tmp_path: Path,
+                                           backend: str) -> None:
+    config = agent_job(tool_assets, tmp_path, backend)
     plan = colocated_plan(load_workflow(config["workflow"]["source"]), world_size=RANKS)
     spec = WorkerSpec(job_id=f"e2e-{tmp_path.name}", config_yaml=yaml.safe_dump(config),
                       workflow_yaml="", overrides=(), plan=plan.SerializeToString(),
@@ -69,3 +75,27 @@ def test_agent_program_trains_on_two_ranks(ray_session: None, tool_assets: Path,
     accuracy = series("val/arith/accuracy")
     assert len(accuracy) == 2
     assert accuracy[1] >= accuracy[0] + 0.05, accuracy
+
+
+def test_agent_program_trains_asynchronously(ray_session: None, tool_assets: Path,
+                                             redis_server: LocalRedis, tmp_path: Path) -> None:
+    """`max_staleness: 1` on a split plan: the rollout rank runs the episodes one step ahead,
+    each call records the version it sampled with, and the update keeps within the bound."""
+    config = agent_job(tool_assets, tmp_path)
+    config["trainer"].update({"total_training_steps": 3, "max_staleness": 1,
+                              "val_before_train": False, "test_freq": -1})
+    config["actor_rollout_ref"]["actor"]["use_rollout_log_probs"] = True
+    workflow = load_workflow(config["workflow"]["source"])
+    plan = make_plan(workflow, Cluster.homogeneous(1, RANKS, device_kind="cpu"),
+                     split_rollout=True).to_proto()
+    spec = WorkerSpec(job_id=f"e2e-{tmp_path.name}", config_yaml=yaml.safe_dump(config),
+                      workflow_yaml="", overrides=(), plan=plan.SerializeToString(),
+                      redis_url=redis_server.url, checkpoint_dir=str(tmp_path / "ckpt"))
+    outcome = Driver(spec).run()
+    assert outcome.state == JobState.SUCCEEDED, outcome.reason
+    history = outcome.history
+    losses = [m["actor/pg_loss"] for m in history if "actor/pg_loss" in m]
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
+    assert max(m["async/staleness/max"] for m in history if "async/staleness/max" in m) <= 1
+    assert sum(m.get("async/stale_dropped", 0.0) for m in history) == 0.0
+    assert sum(m.get("agent/failed", 0.0) for m in history) == 0.0

@@ -89,7 +89,7 @@ KEY_AGENT_CALLS_PER_EPISODE_MEAN: Final = "agent/calls_per_episode/mean"  # endp
 KEY_AGENT_TOKENS_PER_EPISODE_MEAN: Final = "agent/tokens_per_episode/mean"  # sampled tokens
 KEY_AGENT_SAMPLES_PER_EPISODE_MEAN: Final = "agent/samples_per_episode/mean"  # sequences
 KEY_AGENT_GENERATE_S: Final = "agent/generate_s"  # seconds the episodes waited on generation
-KEY_AGENT_TOOL_S: Final = "agent/tool_s"  # seconds the episodes spent in their own code
+KEY_AGENT_TOOL_S: Final = "agent/tool_s"  # the rest of their time: own code, tools, HTTP
 KEY_AGENT_BATCH_SIZE_MEAN: Final = "agent/batch_size/mean"  # calls per backend generation
 # what a validation pass reports of its rollouts (under val/)
 ROLLOUT_METRIC_PREFIXES: Final = ("num_turns/", "response_length/", "tool/", "agent/")
