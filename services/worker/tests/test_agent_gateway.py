@@ -131,7 +131,8 @@ async def two_calls(client: openai.AsyncOpenAI, returned: dict[str, list[float]]
     """An agent: asks, sends a tool result back, asks again (with log-probs, kept by key)."""
     first = await client.chat.completions.create(model="policy", messages=QUESTION,
                                                  max_tokens=8)
-    messages = [*QUESTION, {"role": "assistant", "content": first.choices[0].message.content},
+    # the reply as the client returned it (a message object: refusal, annotations, ...)
+    messages = [*QUESTION, first.choices[0].message,
                 {"role": "user", "content": "<result>46</result>"}]
     second = await client.chat.completions.create(model="policy", messages=messages,
                                                   max_tokens=8, logprobs=True)
