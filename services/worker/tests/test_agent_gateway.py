@@ -5,6 +5,7 @@ front of the `hf` backend on the tiny model: keys, OpenAI error bodies, batched 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ from dagrl_worker.rollout import HFRollout, SamplingParams
 from dagrl_worker.training.forward import response_log_probs
 
 pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[3]
+SMOLLM2 = Path(os.environ.get("DAGRL_SMOLLM2", ROOT / "outputs" / "smollm2" / "model"))
 QUESTION = [{"role": "user", "content": "12+34="}]
 WIDTH = 96
 
@@ -216,3 +219,37 @@ def test_max_tokens_is_cut_to_the_sequence_budget_and_a_spent_one_answers_empty(
         assert long_prompt.value.code == "context_length_exceeded"
         await client.close()
     serve(policy, body)
+
+
+@pytest.mark.skipif(not SMOLLM2.is_dir(), reason=f"no SmolLM2 checkpoint at {SMOLLM2}: build it "
+                    "with `python -m dagrl.models.smollm2 outputs/smollm2` (or set DAGRL_SMOLLM2)")
+def test_smollm2_answers_through_the_endpoint_and_is_trained_as_sampled() -> None:
+    """A real checkpoint, its own chat template and BPE tokenizer: a follow-up call extends
+    the first (one sequence), and the actor's log-probs on it match the recorded ones."""
+    tokenizer = load_tokenizer(str(SMOLLM2))
+    module = AutoModelForCausalLM.from_pretrained(str(SMOLLM2), dtype=torch.float32).eval()
+    question = [{"role": "user", "content": "What is 17 + 25? Answer with just the number."}]
+
+    async def agent(client: openai.AsyncOpenAI, sample: dict[str, Any]) -> float:
+        first = await client.chat.completions.create(model="policy", messages=question,
+                                                     max_tokens=12)
+        await client.chat.completions.create(
+            model="policy", max_tokens=12, messages=[
+                *question, first.choices[0].message,
+                {"role": "user", "content": "Check it: 17 + 25 = 42. Answer again."}])
+        return 1.0
+
+    async def body(gateway: Gateway, backend: SeenBackend) -> list[EpisodeOutcome]:
+        return await run_episodes(agent, [{}, {}], gateway, timeout_s=300, max_concurrent=2)
+    outcomes = serve((module, tokenizer), body)
+    assert [(len(o.session.sequences), o.session.sequences[0].calls) for o in outcomes] == [
+        (1, 2), (1, 2)], [o.error for o in outcomes]
+    rows = prompts_to_batch({"prompt_ids": [[0]] * 2, "index": [0, 1]},
+                            int(tokenizer.pad_token_id), "t")
+    out = episodes_to_batch(rows, outcomes, int(tokenizer.pad_token_id), WIDTH)
+    text = tokenizer.decode(out.tensors["input_ids"][0][out.tensors["attention_mask"][0].bool()])
+    assert "Check it: 17 + 25 = 42. Answer again.<|im_end|>\n<|im_start|>assistant\n" in text
+    with torch.no_grad():
+        actor, _ = response_log_probs(module, out, temperature=1.0)
+    on_policy = out.tensors["response_mask"].bool()
+    assert float((actor - out.tensors["rollout_log_probs"])[on_policy].abs().max()) <= 1e-4
