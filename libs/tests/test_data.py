@@ -143,6 +143,9 @@ def test_prompt_dataset_tokenises_with_the_chat_template(
     assert (row["ground_truth"], row["data_source"], row["index"]) == (
         record["ground_truth"], "arith", 1,
     )  # fmt: skip
+    assert row["prompt"] == record["prompt"]  # the messages, for agent programs
+    loader = StatefulPromptLoader(dataset, batch_size=2, shuffle=False)
+    assert next(iter(loader))["prompt"] == [dataset[0]["prompt"], dataset[1]["prompt"]]
 
 
 def test_prompt_dataset_overlong_policies(

@@ -88,6 +88,7 @@ class PromptDataset:
             prompt_ids = prompt_ids[-self.max_prompt_length :]
         return {
             "prompt_ids": prompt_ids,
+            "prompt": messages,  # the chat messages themselves: what an agent program reads
             "ground_truth": record["ground_truth"],
             "data_source": record["data_source"],
             "index": _row_index(record, position),

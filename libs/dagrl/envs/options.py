@@ -7,6 +7,11 @@ default templates are ChatML (Qwen2.5, the tiny char model): after each response
 `post_chat_template` text, then before the next turn the `pre_chat_template` with
 `${observation}` as a user message.
 
+A ROLLOUT node with `agent_options.agent` (`module:function` or `path/file.py:function`)
+runs a user's agent program against an OpenAI-compatible endpoint instead of an env
+(`dagrl_worker.agents`); `agent` excludes `env` and `chain_template`, and only it reads the
+`AGENT_KEYS` options.
+
 `check_agent_nodes` is the workflow-level check, shared by the scheduler (at PlanJob/SubmitJob)
 and the worker (per node, `agent_node_problems`): agent_options only on ROLLOUT nodes, typed;
 a chained rollout has a ROLLOUT parent; no ENV_INTERACT nodes. It imports no code a workflow
@@ -33,6 +38,10 @@ CHAIN_PREFIX = "${prompt}${response}"
 MULTI_TURN_KEYS = frozenset({"max_assistant_turns", "max_response_tokens_per_turn",
                              "pre_chat_template", "post_chat_template", "pre_process",
                              "post_process"})
+# Options that only an agent-program rollout (agent set) reads.
+AGENT_KEYS = frozenset({"episode_timeout_s", "max_concurrent_episodes", "max_tokens_per_call",
+                        "max_prompt_tokens", "max_choices", "served_model_name",
+                        "batch_window_s"})
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,22 @@ class AgentOptions:
         None, "set: this rollout reads its parent ROLLOUT node's samples (multi-agent chain) "
               "and prompts with each one: starts with ${prompt}${response} (that sample's "
               "prompt and response tokens, kept as they are), then text to append")
+    agent: str | None = option(
+        None, "'module:function' or 'path/to/file.py:function': an `async def agent(client, "
+              "sample) -> float | None` run against the rollout's OpenAI-compatible endpoint")
+    episode_timeout_s: float = option(120.0, "an agent episode running longer is cancelled, "
+                                             "counted in agent/timeouts and left out of the loss")
+    max_concurrent_episodes: int = option(256, "agent episodes running at once on a rank")
+    max_tokens_per_call: int | None = option(
+        None, "largest max_tokens one endpoint call may ask for (default: "
+              "data.max_response_length)")
+    max_prompt_tokens: int | None = option(
+        None, "longest first prompt of a training sequence (default: data.max_prompt_length "
+              "+ data.max_response_length)")
+    max_choices: int = option(1, "largest `n` one endpoint call may ask for")
+    served_model_name: str = option("policy", "the model name the endpoint answers to")
+    batch_window_s: float = option(0.005, "how long the endpoint waits for more calls to "
+                                          "batch into one generation")
 
     def check(self) -> list[str]:
         problems = []
@@ -78,6 +103,27 @@ class AgentOptions:
             problems.append(f"chain_template must start with {CHAIN_PREFIX} (the parent "
                             "sample's tokens are kept as they are and the template appends "
                             f"to them), got {self.chain_template!r}")
+        return problems + self._agent_problems()
+
+    def _agent_problems(self) -> list[str]:
+        if self.agent is None:
+            return []
+        problems = []
+        if (problem := _ref_form_problem(self.agent)) is not None:
+            problems.append(f"agent: {problem}")
+        for name in ("env", "chain_template"):
+            if getattr(self, name) is not None:
+                problems.append(f"agent and {name} are both set: an agent program replaces the "
+                                f"env loop and reads the dataset's prompts; remove {name}")
+        if self.episode_timeout_s <= 0:
+            problems.append(f"episode_timeout_s must be > 0, got {self.episode_timeout_s}")
+        for name in ("max_concurrent_episodes", "max_choices", "max_tokens_per_call",
+                     "max_prompt_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                problems.append(f"{name} must be >= 1, got {value}")
+        if not 0 <= self.batch_window_s <= 1:
+            problems.append(f"batch_window_s must be in [0, 1] seconds, got {self.batch_window_s}")
         return problems
 
 
@@ -98,6 +144,11 @@ def agent_options(node_id: str, options: Mapping[str, Any]) -> AgentOptions:
         problems.append(f"{', '.join(needs_env)}: only multi-turn rollouts read "
                         f"{'this' if len(needs_env) == 1 else 'these'}, and env is not set; "
                         "add env (e.g. 'math'), or remove them")
+    needs_agent = sorted(set(options) & AGENT_KEYS)
+    if needs_agent and options.get("agent") is None:
+        problems.append(f"{', '.join(needs_agent)}: only agent-program rollouts read "
+                        f"{'this' if len(needs_agent) == 1 else 'these'}, and agent is not set; "
+                        "add agent ('module:function'), or remove them")
     try:
         typed = build(AgentOptions, dict(options))
     except ConfigError as exc:

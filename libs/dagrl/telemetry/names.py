@@ -81,8 +81,18 @@ KEY_NUM_TURNS_MAX: Final = "num_turns/max"
 KEY_TOOL_CALLS: Final = "tool/calls"  # sum over episodes (env info TOOL_CALLS)
 KEY_TOOL_ERRORS: Final = "tool/errors"
 KEY_TOOL_CALLS_PER_EPISODE_MEAN: Final = "tool/calls_per_episode/mean"
+# agent programs (agent_options.agent): episodes run against the rollout's endpoint
+KEY_AGENT_EPISODES: Final = "agent/episodes"  # episodes started (sum)
+KEY_AGENT_FAILED: Final = "agent/failed"  # episodes whose program raised (sum; not trained)
+KEY_AGENT_TIMEOUTS: Final = "agent/timeouts"  # episodes cancelled at their timeout (sum)
+KEY_AGENT_CALLS_PER_EPISODE_MEAN: Final = "agent/calls_per_episode/mean"  # endpoint calls
+KEY_AGENT_TOKENS_PER_EPISODE_MEAN: Final = "agent/tokens_per_episode/mean"  # sampled tokens
+KEY_AGENT_SAMPLES_PER_EPISODE_MEAN: Final = "agent/samples_per_episode/mean"  # sequences
+KEY_AGENT_GENERATE_S: Final = "agent/generate_s"  # seconds the episodes waited on generation
+KEY_AGENT_TOOL_S: Final = "agent/tool_s"  # the rest of their time: own code, tools, HTTP
+KEY_AGENT_BATCH_SIZE_MEAN: Final = "agent/batch_size/mean"  # calls per backend generation
 # what a validation pass reports of its rollouts (under val/)
-ROLLOUT_METRIC_PREFIXES: Final = ("num_turns/", "response_length/", "tool/")
+ROLLOUT_METRIC_PREFIXES: Final = ("num_turns/", "response_length/", "tool/", "agent/")
 # reward and advantage
 KEY_SCORE_MEAN: Final = "critic/score/mean"  # per sample: the reward function's score
 KEY_SCORE_MAX: Final = "critic/score/max"

@@ -40,6 +40,7 @@ from dagrl.models import load_tokenizer
 from dagrl.refs import resolve_ref
 from dagrl.workflow import Node, NodeRole, NodeType, TaskGraph
 from dagrl_worker.device import CPU, Precision, RankDevice
+from dagrl_worker.executors.agent import AgentRolloutExecutor
 from dagrl_worker.executors.base import AgentModels, Executor, StepContext
 from dagrl_worker.executors.chain import ChainRolloutExecutor
 from dagrl_worker.executors.compute import (
@@ -342,6 +343,9 @@ def _rollout_executor(node: Node, models: AgentModels, backend: RolloutBackend) 
     """Single-turn, or multi-turn episodes when the node's agent_options name an env; wrapped
     by the chain executor when they set a chain_template."""
     options = agent_options(node.node_id, node.agent_options)
+    if options.agent is not None:  # a user's agent program against the endpoint
+        program = cast(Any, resolve_ref(options.agent, kind="callable"))  # checked when run
+        return AgentRolloutExecutor(backend, models.tokenizer, options, program)
     rollout: Executor = RolloutExecutor(backend)
     if options.env is not None:
         try:

@@ -1,0 +1,176 @@
+"""The agent endpoint's cost: an `openai`-client program vs the built-in multi-turn loop.
+
+Same model, prompts, batch and turns, same greedy decoding, so both do the same generation work:
+- agent: `examples/agent_calculator.py` against the rollout's OpenAI-compatible endpoint
+  (`dagrl_worker.agents`: HTTP on loopback, chat template, batching window, exact-token
+  recording and stitching), the episodes run as the agent ROLLOUT node runs them;
+- built-in: the calculator env in the multi-turn loop (`rollout/multiturn.py`), as the
+  `examples/calculator_tool.yaml` ROLLOUT node runs it.
+Both on `HFRollout` with the warm-started tool model (`python -m dagrl.models.demo
+outputs/arith_tool --tool`; built here when missing). Each run's sampled tokens are counted
+and must agree between the two (same greedy episodes), so the ratio compares equal work.
+
+Ratio = agent samples/s / built-in samples/s (medians of --repeats, alternating); target
+>= 0.8. Then the endpoint alone: 64 concurrent sessions making `--calls` calls of one token
+each (chat template, HTTP, batching; almost no generation): requests/s.
+
+    .venv/bin/python bench/agent_gateway.py [--prompts 16] [--n 8] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import openai
+import torch
+from transformers import AutoModelForCausalLM
+
+from dagrl.data import read_parquet
+from dagrl.envs import CalculatorToolEnv, agent_options
+from dagrl.models import load_tokenizer
+from dagrl.models.demo import TOOL_USE, DemoRecipe, prepare_assets
+from dagrl.models.tokenizer import encode_chat_prompt
+from dagrl_worker.agents.batcher import GenerationBatcher
+from dagrl_worker.agents.episodes import EpisodeOutcome, run_episodes
+from dagrl_worker.agents.gateway import Gateway
+from dagrl_worker.agents.protocol import GatewayLimits
+from dagrl_worker.agents.rendering import Renderer
+from dagrl_worker.rollout import HFRollout, SamplingParams
+from dagrl_worker.rollout.multiturn import TurnLimits, backend_generate_fn
+from dagrl_worker.rollout.multiturn import run_episodes as run_turns
+from dagrl_worker.rollout.processing import TurnProcessor
+
+ROOT = Path(__file__).resolve().parents[1]
+GREEDY = SamplingParams(do_sample=False)
+WIDTH, PER_TURN, TURNS = 72, 24, 2  # examples/calculator_tool.yaml's
+
+
+def load_agent() -> Any:
+    spec = importlib.util.spec_from_file_location("agent_calculator",
+                                                  ROOT / "examples" / "agent_calculator.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.agent
+
+
+def gateway(backend: HFRollout, tokenizer: Any, max_tokens: int, width: int = WIDTH) -> Gateway:
+    batcher = GenerationBatcher(backend, int(tokenizer.pad_token_id),
+                                int(tokenizer.eos_token_id), GREEDY, 0, 0.005)
+    return Gateway(Renderer(tokenizer), batcher, GatewayLimits(
+        "policy", max_tokens_per_call=max_tokens, max_prompt_tokens=64,
+        max_response_tokens=width, max_choices=1))
+
+
+async def agent_rollout(agent: Any, rows: list[dict[str, Any]], backend: HFRollout,
+                        tokenizer: Any) -> tuple[list[EpisodeOutcome], int]:
+    endpoint = gateway(backend, tokenizer, PER_TURN)
+    await endpoint.start()
+    try:
+        outcomes = await run_episodes(agent, rows, endpoint, timeout_s=600, max_concurrent=256)
+    finally:
+        await endpoint.stop()
+    failed = [o.error for o in outcomes if o.failed]
+    if failed:
+        raise RuntimeError(f"{len(failed)} agent episodes failed; the first: {failed[0]}")
+    return outcomes, sum(o.session.sampled_tokens for o in outcomes)
+
+
+def builtin_rollout(rows: list[dict[str, Any]], backend: HFRollout, tokenizer: Any) -> int:
+    options = agent_options("rollout", {"env": "calculator", "max_assistant_turns": TURNS})
+    prompts = [encode_chat_prompt(tokenizer, row["prompt"]) for row in rows]
+    episodes = asyncio.run(run_turns(
+        rows, prompts, lambda: CalculatorToolEnv(max_turns=TURNS),
+        TurnProcessor(tokenizer, options),
+        backend_generate_fn(backend, int(tokenizer.pad_token_id), GREEDY),
+        TurnLimits(TURNS, PER_TURN, WIDTH)))
+    return sum(sum(e.response_mask) for e in episodes)
+
+
+def compare(args: argparse.Namespace, backend: HFRollout, tokenizer: Any,
+            rows: list[dict[str, Any]]) -> float:
+    agent = load_agent()
+    rates: dict[str, list[float]] = {"agent": [], "builtin": []}
+    tokens: dict[str, set[int]] = {"agent": set(), "builtin": set()}
+    for _ in range(args.repeats):
+        for mode in ("agent", "builtin"):
+            started = time.perf_counter()
+            if mode == "agent":
+                _, sampled = asyncio.run(agent_rollout(agent, rows, backend, tokenizer))
+            else:
+                sampled = builtin_rollout(rows, backend, tokenizer)
+            rates[mode].append(len(rows) / (time.perf_counter() - started))
+            tokens[mode].add(sampled)
+    print(f"sampled tokens per run: agent {sorted(tokens['agent'])}, "
+          f"built-in {sorted(tokens['builtin'])}")
+    if tokens["agent"] != tokens["builtin"]:
+        raise RuntimeError("the two rollouts sampled different token counts: not the same work")
+    agent_rate, builtin_rate = (statistics.median(rates[m]) for m in ("agent", "builtin"))
+    print(f"samples/s: agent {agent_rate:.1f}, built-in {builtin_rate:.1f}")
+    return agent_rate / builtin_rate
+
+
+async def one_token_calls(client: openai.AsyncOpenAI, calls: int) -> None:
+    messages = [{"role": "user", "content": "12+34="}]
+    for _ in range(calls):
+        reply = await client.chat.completions.create(model="policy", messages=messages,
+                                                     max_tokens=1)
+        messages += [{"role": "assistant", "content": reply.choices[0].message.content or ""},
+                     {"role": "user", "content": "go on"}]
+
+
+async def requests_per_second(backend: HFRollout, tokenizer: Any, calls: int) -> float:
+    endpoint = gateway(backend, tokenizer, 1, width=4096)  # every call generates
+    await endpoint.start()
+
+    async def agent(client: openai.AsyncOpenAI, sample: dict[str, Any]) -> float:
+        await one_token_calls(client, calls)
+        return 0.0
+    try:
+        started = time.perf_counter()
+        outcomes = await run_episodes(agent, [{}] * 64, endpoint, timeout_s=600,
+                                      max_concurrent=64)
+        seconds = time.perf_counter() - started
+    finally:
+        await endpoint.stop()
+    served = sum(o.session.calls for o in outcomes if not o.failed)
+    if served != 64 * calls:
+        raise RuntimeError(f"served {served} calls of {64 * calls}")
+    sizes = endpoint.batcher.batch_sizes
+    if sum(sizes) != 64 * calls:
+        raise RuntimeError(f"generated {sum(sizes)} rows for {64 * calls} calls")
+    print(f"endpoint: {served} calls in {seconds:.2f} s, {len(sizes)} generations, "
+          f"mean batch {sum(sizes) / len(sizes):.1f}")
+    return served / seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--assets", default=str(ROOT / "outputs" / "arith_tool"))
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=4)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    prepare_assets(args.assets, DemoRecipe(tool_use=TOOL_USE))
+    tokenizer = load_tokenizer(f"{args.assets}/model")
+    module = AutoModelForCausalLM.from_pretrained(f"{args.assets}/model", dtype=torch.float32)
+    backend = HFRollout(module.eval(), tokenizer)
+    prompts = read_parquet(f"{args.assets}/data/val.parquet")[:args.prompts]
+    rows = [{"prompt": list(r["prompt"]), "ground_truth": str(r["ground_truth"]),
+             "index": i} for i, r in enumerate(prompts) for _ in range(args.n)]
+    ratio = compare(args, backend, tokenizer, rows)
+    rate = asyncio.run(requests_per_second(backend, tokenizer, args.calls))
+    print(f"RESULT agent_vs_builtin_samples_per_s {ratio:.3f}")
+    print(f"RESULT agent_endpoint_requests_per_s {rate:.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""Agent sessions: every endpoint call of one episode as exact tokens, stitched into sequences.
+
+Owns the record of what the engine saw and did (`Sampled`: the ids it sampled, their
+log-probs, the policy version; a sequence's prompt ids are what it was given), the per-session
+keys, and how calls become training sequences. It parses no HTTP and renders no template
+(`protocol.py`), and it does not generate (`batcher.py`).
+
+Stitching. A session holds sequences; each remembers the transcript of its last call (for chat:
+the messages and the reply; for completions: the prompt text and the reply), an opaque
+`Transcript` that `protocol.py` compares. A call whose request repeats a sequence's last
+transcript and adds to it *extends* that sequence: the engine is given the sequence's own
+tokens (the first prompt, then every token since, sampled or inserted — never re-tokenized)
+plus the tokens of the new text only, and the sequence grows by the new text (loss mask 0:
+template, tool results, user turns) and the sampled reply (loss mask 1). Any other call
+starts a new sequence (a program that rewrote, summarized or dropped its history): one
+training sample per call that does not extend. Choices 2..n of a call each start a
+sequence of their own whose prompt is what the engine was given, so no sampled token is
+trained twice.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+Transcript = Any  # what protocol.py compares to detect an extension (messages, text, ...)
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """One choice the engine sampled for one prompt."""
+
+    ids: list[int]  # sampled token ids, EOS included when it stopped there
+    log_probs: list[float]  # each sampled token's log-prob under the sampling distribution
+    version: int  # the policy version (updates) of the weights that sampled it
+    finished: bool  # True: stopped at EOS (or a stop string); False: ran out of tokens
+
+
+@dataclass
+class Sequence:
+    """One training sample in the making: its first prompt, then every token after it."""
+
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    response_mask: list[int] = field(default_factory=list)  # 1 on sampled tokens
+    log_probs: list[float] = field(default_factory=list)  # sampled tokens' (0 on the others)
+    calls: int = 0
+    version: int = -1  # the oldest policy version among its calls
+    tail: Transcript = None  # the transcript of its last call, reply included
+
+    def tokens(self) -> list[int]:
+        """What the engine would be given to continue this sequence."""
+        return self.prompt_ids + self.response_ids
+
+    def append(self, inserted: list[int], sampled: Sampled, tail: Transcript) -> None:
+        self.response_ids += inserted + sampled.ids
+        self.response_mask += [0] * len(inserted) + [1] * len(sampled.ids)
+        self.log_probs += [0.0] * len(inserted) + list(sampled.log_probs)
+        self.calls += 1
+        self.version = sampled.version if self.version < 0 else min(self.version,
+                                                                     sampled.version)
+        self.tail = tail
+
+    @property
+    def sampled_tokens(self) -> int:
+        return sum(self.response_mask)
+
+
+@dataclass
+class Session:
+    """One episode's calls. `key` is its bearer token on the endpoint."""
+
+    key: str
+    sequences: list[Sequence] = field(default_factory=list)
+    calls: int = 0
+    generate_s: float = 0.0  # time its calls spent waiting for the endpoint's answer
+
+    def extended(self, inserted_after: Callable[[Sequence], list[int] | None]
+                 ) -> tuple[Sequence | None, list[int]]:
+        """The most recent sequence this call extends and the tokens it inserts after it
+        (`inserted_after(sequence)`: None when the call does not extend that sequence), or
+        (None, [])."""
+        for sequence in reversed(self.sequences):
+            inserted = inserted_after(sequence)
+            if inserted is not None:
+                return sequence, inserted
+        return None, []
+
+    def record(self, parent: Sequence | None, prompt_ids: list[int], inserted: list[int],
+               choices: list[tuple[Sampled, Transcript]]) -> None:
+        """Record one call: `prompt_ids` as given to the engine (`parent.tokens() + inserted`
+        when it extends `parent`), and each choice with the transcript it leaves."""
+        self.calls += 1
+        for index, (sampled, tail) in enumerate(choices):
+            if parent is not None and index == 0:
+                parent.append(inserted, sampled, tail)
+                continue
+            sequence = Sequence(prompt_ids=list(prompt_ids))
+            sequence.append([], sampled, tail)
+            self.sequences.append(sequence)
+
+    @property
+    def sampled_tokens(self) -> int:
+        return sum(s.sampled_tokens for s in self.sequences)
+
+
+class SessionRegistry:
+    """The live sessions of one endpoint, by key. Keys are random, 256 bits, per session."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, Session] = {}
+
+    def open(self) -> Session:
+        session = Session(key=f"dagrl-{secrets.token_urlsafe(32)}")
+        self._sessions[session.key] = session
+        return session
+
+    def get(self, key: str) -> Session | None:
+        for known, session in self._sessions.items():
+            if secrets.compare_digest(known, key):
+                return session
+        return None
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def close(self, session: Session) -> None:
+        """Its key answers nothing any more; the recorded calls stay with `session`."""
+        self._sessions.pop(session.key, None)

@@ -1,0 +1,255 @@
+"""The agent endpoint as a real server on loopback, called with the real `openai` client, in
+front of the `hf` backend on the tiny model: keys, OpenAI error bodies, batched generation of
+64 concurrent sessions, and the tokens trained equal to the tokens the engine sampled."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from dagrl.batch import Batch
+from dagrl.models import load_tokenizer
+from dagrl_worker.agents.batcher import GenerationBatcher
+from dagrl_worker.agents.episodes import EpisodeOutcome, episodes_to_batch, run_episodes
+from dagrl_worker.agents.gateway import Gateway
+from dagrl_worker.agents.protocol import GatewayLimits
+from dagrl_worker.agents.rendering import Renderer
+from dagrl_worker.prompts import prompts_to_batch
+from dagrl_worker.rollout import HFRollout, SamplingParams
+from dagrl_worker.training.forward import response_log_probs
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[3]
+SMOLLM2 = Path(os.environ.get("DAGRL_SMOLLM2", ROOT / "outputs" / "smollm2" / "model"))
+QUESTION = [{"role": "user", "content": "12+34="}]
+WIDTH = 96
+
+
+class SeenBackend:
+    """The real `hf` backend; keeps each generation's batch size and its sampled rows."""
+
+    def __init__(self, inner: HFRollout) -> None:
+        self.inner = inner
+        self.batch_sizes: list[int] = []
+        self.sampled: list[tuple[list[int], list[float]]] = []
+
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        out = self.inner.generate(prompts, params)
+        self.batch_sizes.append(len(out))
+        for row, mask, log_probs in zip(out.tensors["responses"], out.tensors["response_mask"],
+                                        out.tensors["rollout_log_probs"], strict=True):
+            self.sampled.append((row[mask.bool()].tolist(), log_probs[mask.bool()].tolist()))
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_checkpoint: Path) -> tuple[Any, Any]:
+    tokenizer = load_tokenizer(str(tiny_checkpoint))
+    module = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint), dtype=torch.float32)
+    return module.eval(), tokenizer
+
+
+def serve(policy: tuple[Any, Any], body: Callable[[Gateway, SeenBackend], Awaitable[Any]],
+          window_s: float = 0.05) -> Any:
+    """Run `body` against a started endpoint; the endpoint is stopped after it."""
+    module, tokenizer = policy
+    backend = SeenBackend(HFRollout(module, tokenizer))
+
+    async def main() -> Any:
+        batcher = GenerationBatcher(backend, int(tokenizer.pad_token_id),
+                                    int(tokenizer.eos_token_id), SamplingParams(), 7, window_s)
+        gateway = Gateway(Renderer(tokenizer), batcher, GatewayLimits(
+            "policy", max_tokens_per_call=16, max_prompt_tokens=64, max_response_tokens=WIDTH,
+            max_body_bytes=4096))
+        await gateway.start()
+        try:
+            return await body(gateway, backend)
+        finally:
+            await gateway.stop()
+    return asyncio.run(main())
+
+
+def test_only_a_session_key_is_answered(policy: tuple[Any, Any]) -> None:
+    async def body(gateway: Gateway, backend: SeenBackend) -> None:
+        assert gateway.base_url.startswith("http://127.0.0.1:")
+        wrong = openai.AsyncOpenAI(base_url=gateway.base_url, api_key="dagrl-guess",
+                                   max_retries=0)
+        with pytest.raises(openai.AuthenticationError) as refused:
+            await wrong.chat.completions.create(model="policy", messages=QUESTION)
+        assert refused.value.status_code == 401 and refused.value.code == "invalid_api_key"
+        with pytest.raises(openai.AuthenticationError):
+            await wrong.models.list()
+        await wrong.close()
+        async with aiohttp.ClientSession() as http, http.get(
+                f"{gateway.base_url}/models") as answer:
+            assert answer.status == 401
+            assert (await answer.json())["error"]["code"] == "invalid_api_key"
+        session = gateway.sessions.open()
+        right = openai.AsyncOpenAI(base_url=gateway.base_url, api_key=session.key,
+                                   max_retries=0)
+        assert [m.id for m in (await right.models.list()).data] == ["policy"]
+        await right.close()
+        assert backend.batch_sizes == []  # nothing was generated for a refused call
+    serve(policy, body)
+
+
+def test_bad_requests_get_openai_error_bodies(policy: tuple[Any, Any]) -> None:
+    async def body(gateway: Gateway, backend: SeenBackend) -> None:
+        session = gateway.sessions.open()
+        client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key=session.key,
+                                    max_retries=0)
+        chat = client.chat.completions.create
+        with pytest.raises(openai.NotFoundError) as unknown:
+            await chat(model="gpt-4o", messages=QUESTION)
+        assert unknown.value.code == "model_not_found" and "'policy'" in unknown.value.message
+        with pytest.raises(openai.BadRequestError, match="n=2") as many:
+            await chat(model="policy", messages=QUESTION, n=2)
+        assert many.value.param == "n"
+        with pytest.raises(openai.BadRequestError) as malformed:
+            await chat(model="policy", messages=[{"role": "user"}])  # type: ignore[typeddict-item]
+        assert malformed.value.param == "messages[0].content"
+        with pytest.raises(openai.BadRequestError, match="max_tokens=500"):
+            await chat(model="policy", messages=QUESTION, max_tokens=500)
+        with pytest.raises(openai.APIStatusError) as large:
+            await chat(model="policy", messages=[{"role": "user", "content": "x" * 8000}])
+        assert large.value.status_code == 413 and "4096 bytes" in large.value.message
+        await client.close()
+        assert backend.batch_sizes == [] and session.calls == 0
+    serve(policy, body)
+
+
+async def two_calls(client: openai.AsyncOpenAI, returned: dict[str, list[float]]) -> float:
+    """An agent: asks, sends a tool result back, asks again (with log-probs, kept by key)."""
+    first = await client.chat.completions.create(model="policy", messages=QUESTION,
+                                                 max_tokens=8)
+    # the reply as the client returned it (a message object: refusal, annotations, ...)
+    messages = [*QUESTION, first.choices[0].message,
+                {"role": "user", "content": "<result>46</result>"}]
+    second = await client.chat.completions.create(model="policy", messages=messages,
+                                                  max_tokens=8, logprobs=True)
+    returned[client.api_key] = [t.logprob for t in second.choices[0].logprobs.content]
+    return 1.0
+
+
+def sampled_pieces(ids: list[int], mask: list[int], log_probs: list[float]
+                   ) -> list[tuple[tuple[int, ...], tuple[float, ...]]]:
+    """The runs of sampled tokens of one sequence (mask 1), with their log-probs."""
+    pieces, start = [], None
+    for i, bit in enumerate([*mask, 0]):
+        if bit and start is None:
+            start = i
+        elif not bit and start is not None:
+            pieces.append((tuple(ids[start:i]), tuple(log_probs[start:i])))
+            start = None
+    return pieces
+
+
+def test_64_sessions_are_served_by_batched_generation_and_trained_as_sampled(
+        policy: tuple[Any, Any]) -> None:
+    returned: dict[str, list[float]] = {}
+
+    async def agent(client: openai.AsyncOpenAI, sample: dict[str, Any]) -> float:
+        return await two_calls(client, returned)
+
+    async def body(gateway: Gateway, backend: SeenBackend
+                   ) -> tuple[list[EpisodeOutcome], SeenBackend]:
+        outcomes = await run_episodes(agent, [{}] * 64, gateway, timeout_s=120,
+                                      max_concurrent=64)
+        return outcomes, backend
+    outcomes, backend = serve(policy, body, window_s=0.2)
+    assert all(not o.failed for o in outcomes), [o.error for o in outcomes]
+    # 128 calls in a handful of generations, not 128
+    assert sum(backend.batch_sizes) == 128 and len(backend.batch_sizes) <= 6, \
+        backend.batch_sizes
+    assert max(backend.batch_sizes) >= 32
+    recorded = []
+    for outcome in outcomes:
+        (sequence,) = outcome.session.sequences
+        assert sequence.calls == 2 and sequence.version == 7
+        pieces = sampled_pieces(sequence.response_ids, sequence.response_mask,
+                                sequence.log_probs)
+        assert len(pieces) == 2  # the two replies, the tool's turn masked between them
+        assert list(pieces[1][1]) == returned[outcome.session.key]  # what the client saw
+        recorded += pieces
+    # every call trained is one the engine sampled: ids and log-probs
+    assert sorted(recorded) == sorted((tuple(i), tuple(lp)) for i, lp in backend.sampled)
+    # the actor's log-probs on the stitched sequences agree with the engine's
+    module, tokenizer = policy
+    rows = prompts_to_batch({"prompt_ids": [[0]] * 64, "index": list(range(64))},
+                            int(tokenizer.pad_token_id), "train")
+    out = episodes_to_batch(rows, outcomes, int(tokenizer.pad_token_id), WIDTH)
+    with torch.no_grad():
+        actor, _ = response_log_probs(module, out, temperature=1.0)
+    on_policy = out.tensors["response_mask"].bool()
+    assert float((actor - out.tensors["rollout_log_probs"])[on_policy].abs().max()) <= 1e-4
+
+
+def test_max_tokens_is_cut_to_the_sequence_budget_and_a_spent_one_answers_empty(
+        policy: tuple[Any, Any]) -> None:
+    async def body(gateway: Gateway, backend: SeenBackend) -> None:
+        session = gateway.sessions.open()
+        client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key=session.key,
+                                    max_retries=0)
+        first = await client.completions.create(model="policy", prompt="Q:", max_tokens=16)
+        text = "Q:" + first.choices[0].text
+        (sequence,) = session.sequences
+        text += "x" * (WIDTH - len(sequence.response_ids) - 5)  # 5 tokens left
+        second = await client.completions.create(model="policy", prompt=text, max_tokens=16)
+        assert len(session.sequences) == 1 and sequence.calls == 2  # it extended
+        assert second.usage.completion_tokens <= 5 and len(sequence.response_ids) <= WIDTH
+        spent = await client.completions.create(model="policy", max_tokens=4,
+                                                prompt=text + second.choices[0].text + "y" * 6)
+        assert spent.choices[0].text == "" and spent.choices[0].finish_reason == "length"
+        assert spent.usage.completion_tokens == 0 and sequence.calls == 2
+        assert sum(backend.batch_sizes) == 2  # nothing generated for the spent budget
+        with pytest.raises(openai.BadRequestError) as long_prompt:
+            await client.completions.create(model="policy", prompt="z" * 65)
+        assert long_prompt.value.code == "context_length_exceeded"
+        await client.close()
+    serve(policy, body)
+
+
+@pytest.mark.skipif(not SMOLLM2.is_dir(), reason=f"no SmolLM2 checkpoint at {SMOLLM2}: build it "
+                    "with `python -m dagrl.models.smollm2 outputs/smollm2` (or set DAGRL_SMOLLM2)")
+def test_smollm2_answers_through_the_endpoint_and_is_trained_as_sampled() -> None:
+    """A real checkpoint, its own chat template and BPE tokenizer: a follow-up call extends
+    the first (one sequence), and the actor's log-probs on it match the recorded ones."""
+    tokenizer = load_tokenizer(str(SMOLLM2))
+    module = AutoModelForCausalLM.from_pretrained(str(SMOLLM2), dtype=torch.float32).eval()
+    question = [{"role": "user", "content": "What is 17 + 25? Answer with just the number."}]
+
+    async def agent(client: openai.AsyncOpenAI, sample: dict[str, Any]) -> float:
+        first = await client.chat.completions.create(model="policy", messages=question,
+                                                     max_tokens=12)
+        await client.chat.completions.create(
+            model="policy", max_tokens=12, messages=[
+                *question, first.choices[0].message,
+                {"role": "user", "content": "Check it: 17 + 25 = 42. Answer again."}])
+        return 1.0
+
+    async def body(gateway: Gateway, backend: SeenBackend) -> list[EpisodeOutcome]:
+        return await run_episodes(agent, [{}, {}], gateway, timeout_s=300, max_concurrent=2)
+    outcomes = serve((module, tokenizer), body)
+    assert [(len(o.session.sequences), o.session.sequences[0].calls) for o in outcomes] == [
+        (1, 2), (1, 2)], [o.error for o in outcomes]
+    rows = prompts_to_batch({"prompt_ids": [[0]] * 2, "index": [0, 1]},
+                            int(tokenizer.pad_token_id), "t")
+    out = episodes_to_batch(rows, outcomes, int(tokenizer.pad_token_id), WIDTH)
+    text = tokenizer.decode(out.tensors["input_ids"][0][out.tensors["attention_mask"][0].bool()])
+    assert "Check it: 17 + 25 = 42. Answer again.<|im_end|>\n<|im_start|>assistant\n" in text
+    with torch.no_grad():
+        actor, _ = response_log_probs(module, out, temperature=1.0)
+    on_policy = out.tensors["response_mask"].bool()
+    assert float((actor - out.tensors["rollout_log_probs"])[on_policy].abs().max()) <= 1e-4

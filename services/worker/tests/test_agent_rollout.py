@@ -1,0 +1,114 @@
+"""The agent ROLLOUT node: a program from a file, built by the builder, run against the
+endpoint in front of the `hf` backend; failed and hung episodes counted and left out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from dagrl.algorithms import FixedKLController
+from dagrl.config import load_job_config
+from dagrl.errors import ConfigError
+from dagrl.models import load_tokenizer
+from dagrl.workflow import Node, NodeRole, NodeType
+from dagrl_worker.builder import build_executor
+from dagrl_worker.executors.agent import AgentError, AgentRolloutExecutor
+from dagrl_worker.executors.base import AgentModels, StepContext
+from dagrl_worker.metrics import MetricSink
+from dagrl_worker.prompts import prompts_to_batch
+from dagrl_worker.rollout import HFRollout
+
+pytestmark = pytest.mark.integration
+
+AGENTS = '''
+import asyncio
+
+
+async def agent(client, sample):
+    """Two calls that extend each other, unless the sample says to fail or hang."""
+    mode = sample["extra_info"]["mode"]
+    messages = list(sample["prompt"])
+    reply = await client.chat.completions.create(model="policy", messages=messages,
+                                                 max_tokens=6)
+    if mode == "raise":
+        raise ValueError("the tool crashed on " + sample["ground_truth"])
+    if mode == "hang":
+        await asyncio.sleep(3600)
+    messages += [{"role": "assistant", "content": reply.choices[0].message.content},
+                 {"role": "user", "content": "<result>7</result>"}]
+    await client.chat.completions.create(model="policy", messages=messages, max_tokens=6)
+    return float(len(sample["ground_truth"]))
+
+
+def not_async(client, sample):
+    return 1.0
+'''
+
+
+def node(agent_ref: str, **options: object) -> Node:
+    return Node(node_id="rollout", node_type=NodeType.MODEL_INFERENCE,
+                node_role=NodeRole.ROLLOUT, agent_options={"agent": agent_ref, **options})
+
+
+@pytest.fixture(scope="module")
+def models(tiny_checkpoint: Path) -> AgentModels:
+    tokenizer = load_tokenizer(str(tiny_checkpoint))
+    module = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint), dtype=torch.float32)
+    return AgentModels(tokenizer=tokenizer, rollout=HFRollout(module.eval(), tokenizer))
+
+
+def step(models: AgentModels, executor: AgentRolloutExecutor, modes: list[str]
+         ) -> tuple[object, StepContext]:
+    config = load_job_config(data={"data": {"max_response_length": 64},
+                                   "actor_rollout_ref": {"rollout": {"n": 2}}})
+    ctx = StepContext(step=1, rank=0, config=config, sink=MetricSink(),
+                      kl_controller=FixedKLController(0.0), policy_version=4)
+    question = [{"role": "user", "content": "3+4="}]
+    rows = {"prompt_ids": [[1]] * len(modes), "index": list(range(len(modes))),
+            "prompt": [question] * len(modes), "ground_truth": [str(10 ** i) for i in
+                                                               range(len(modes))],
+            "data_source": ["arith"] * len(modes),
+            "extra_info": [{"mode": mode} for mode in modes]}
+    batch = prompts_to_batch(rows, int(models.tokenizer.pad_token_id), "t")
+    return executor.run(batch, ctx), ctx
+
+
+def test_failed_and_hung_episodes_are_counted_and_left_out(models: AgentModels,
+                                                           tmp_path: Path,
+                                                           caplog: pytest.LogCaptureFixture
+                                                           ) -> None:
+    (tmp_path / "agents.py").write_text(AGENTS)
+    executor = build_executor(node(f"{tmp_path}/agents.py:agent", episode_timeout_s=20),
+                              models, None, 1, None)
+    assert isinstance(executor, AgentRolloutExecutor)
+    out, ctx = step(models, executor, ["ok", "raise", "hang", "ok"])
+    # 2 episodes per prompt; those of prompts 1 (raised) and 2 (hung) are not trained
+    assert out.columns["uid"] == ["t:0/0", "t:0/1", "t:3/0", "t:3/1"]
+    assert out.tensors["token_level_scores"].sum(dim=1).tolist() == [1.0, 1.0, 4.0, 4.0]
+    assert out.columns["num_turns"] == [2, 2, 2, 2]
+    assert out.tensors["rollout_version"].tolist() == [4] * 4
+    assert (out.tensors["rollout_log_probs"] != 0).sum() == out.tensors["response_mask"].sum()
+    summary = ctx.sink.summary()
+    assert summary["agent/episodes"][1] == 8
+    assert summary["agent/failed"][1] == 2 and summary["agent/timeouts"][1] == 2
+    assert summary["agent/calls_per_episode/mean"][1] == 2.0
+    assert "ValueError: the tool crashed on 10" in caplog.text
+
+
+def test_a_step_where_every_episode_failed_names_the_agent_and_the_error(
+        models: AgentModels, tmp_path: Path) -> None:
+    (tmp_path / "agents.py").write_text(AGENTS)
+    ref = f"{tmp_path}/agents.py:agent"
+    executor = build_executor(node(ref), models, None, 1, None)
+    with pytest.raises(AgentError, match="ValueError: the tool crashed on 1") as failed:
+        step(models, executor, ["raise"])
+    assert ref in str(failed.value)
+
+
+def test_an_agent_that_is_not_async_is_refused(models: AgentModels, tmp_path: Path) -> None:
+    (tmp_path / "agents.py").write_text(AGENTS)
+    with pytest.raises(ConfigError, match="async def"):
+        build_executor(node(f"{tmp_path}/agents.py:not_async"), models, None, 1, None)
