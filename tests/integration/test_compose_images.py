@@ -121,6 +121,18 @@ def test_dockerfile_installs_from_the_lock_make_install_uses(dockerfile: str) ->
     assert install_problems(ROOT / dockerfile) == []
 
 
+def requirement_names(path: Path) -> list[str]:
+    """The package names a requirements file lists, following its `-r` includes."""
+    names: list[str] = []
+    for line in path.read_text().splitlines():
+        text = line.split("#")[0].strip()
+        if text.startswith("-r "):
+            names += requirement_names(path.parent / text[3:].strip())
+        elif text:
+            names.append(Requirement(text).name)
+    return names
+
+
 def installed_distributions(dockerfile: Path) -> set[str]:
     """What pip installs for the Dockerfile: its requirements and their dependencies, by the
     metadata installed here (the same lock)."""
@@ -131,8 +143,7 @@ def installed_distributions(dockerfile: Path) -> set[str]:
             if arg.startswith("./"):
                 todo += [n for n, f in packages.items() if f == ROOT / arg[2:].rstrip("/")]
             elif command[index - 1] == "-r":
-                todo += [Requirement(line.split("#")[0]).name for line in
-                         (ROOT / arg).read_text().splitlines() if line.split("#")[0].strip()]
+                todo += requirement_names(ROOT / arg)
     seen: set[str] = set()
     while todo:
         name = canonicalize_name(todo.pop())
