@@ -122,8 +122,8 @@ def device_warnings(config: JobConfig, device: RankDevice) -> list[str]:
         return []
     return [f"{', '.join(k + '.mixed_precision.param_dtype' for k in mixed)}: bfloat16 on a "
             "CPU without native bf16 (no AVX512-BF16 or AMX): torch emulates bf16 matmuls, "
-            "and training runs slower than in fp32 (a SmolLM2 forward+backward: 2.4x on an "
-            "AVX2 CPU, bench/mixed_precision.py); use float32 on this machine"]
+            "and training runs slower than in fp32 (a SmolLM2 forward+backward: 17.7x on "
+            "an AVX2 CPU, bench/mixed_precision.py); use float32 on this machine"]
 
 
 def cpu_has_native_bf16() -> bool:
