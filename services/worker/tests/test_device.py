@@ -221,3 +221,16 @@ def test_fsdp2_offloads_the_optimizer_only_with_the_parameters() -> None:
     load_job_config(overrides=["actor_rollout_ref.actor.strategy=ddp", offload])
     load_job_config(overrides=["actor_rollout_ref.actor.strategy=fsdp", offload,
                                "actor_rollout_ref.actor.fsdp_config.param_offload=true"])
+
+
+@pytest.mark.parametrize("kernel", ["eager", "sdpa"])
+def test_the_attention_option_reaches_the_loaded_modules(tiny_checkpoint: Path, tmp_path: Path,
+                                                         kernel: str) -> None:
+    config = _config(tiny_checkpoint, tmp_path, "grpo")
+    policy = config.actor_rollout_ref
+    config = dataclasses.replace(config, actor_rollout_ref=dataclasses.replace(
+        policy, model=dataclasses.replace(policy.model, attn_implementation=kernel)))
+    tokenizer = load_model_and_tokenizer(tiny_checkpoint)[1]
+    own = build_rollout(str(tiny_checkpoint), config, tokenizer, None, rank_device("cpu"))
+    assert isinstance(own, HFRollout)
+    assert own.module.config._attn_implementation == kernel
