@@ -1,6 +1,6 @@
 """Client of a remote reward service: samples POSTed as JSON, one score back per sample.
 
-The wire format (documented in the README's "Reward sources"):
+The wire format (documented in docs/rewards.md):
 
     request   POST <url>, Content-Type: application/json, plus the headers named in
               reward.remote.headers_env (values read from the environment)
