@@ -4,7 +4,7 @@ Plain Python (Ray wraps it in `actors.py`), so a test can drive it directly. The
 calls, in this order:
 
     setup_distributed(init_method)               process groups (`rank_groups`)
-    init_graph(attempt)                          checks, models, executors, checkpoint load
+    init_graph(attempt)                          job checks, then every part (`rank_parts`)
     run_step(step)                               one training step -> metric summary
     validate(step)                               an evaluation pass (`evaluation`)
     save_checkpoint(step)                        collective, atomic (`checkpoint`)
@@ -23,55 +23,35 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from dagrl import metrics_file, telemetry
-from dagrl.algorithms import AdaptiveKLController, FixedKLController, KLController
+from dagrl import telemetry
 from dagrl.checkpoint_paths import check_checkpoints
 from dagrl.config import JobConfig
 from dagrl.envs import check_agent_nodes
 from dagrl.errors import ConfigError, FailedPreconditionError
 from dagrl.job_rules import check_planned_job
-from dagrl_databuffer.keys import attempt_namespace, validation_namespace
+from dagrl_databuffer.keys import validation_namespace
 from dagrl_worker import checkpoint_files
-from dagrl_worker.async_training.policy_versions import PolicyVersions
 from dagrl_worker.async_training.rank_sides import rank_sides
-from dagrl_worker.async_training.sample_ledger import SampleLedger
 from dagrl_worker.async_training.weight_publish import Published
-from dagrl_worker.builder import build_agent_models, build_executor, shared_tokenizer
-from dagrl_worker.checkpoint import RankCheckpointer, resume_folder
+from dagrl_worker.checkpoint import resume_folder
 from dagrl_worker.config import WorkerSettings
 from dagrl_worker.dataflow import EdgeRouter, ShardStore
 from dagrl_worker.device import device_problems, device_warnings, rank_device
 from dagrl_worker.evaluation import EvaluationRun, evaluate, evaluation_nodes, evaluation_router
 from dagrl_worker.executors.base import AgentModels, Executor, StepContext
-from dagrl_worker.graph_runner import GraphRunner
 from dagrl_worker.metrics import MetricSink, Reduce, Summary
 from dagrl_worker.plan_view import RankGraph
-from dagrl_worker.prompt_source import PromptSource
 from dagrl_worker.prompts import PromptRows
 from dagrl_worker.rank_groups import RankGroups, offload_engines, peak_flops, record_memory
-from dagrl_worker.redundant_passes import old_log_probs_in_update
+from dagrl_worker.rank_parts import RankParts, RankSetup, build_parts
 from dagrl_worker.spec import WorkerSpec
-from dagrl_worker.weight_sync import ModelSync, plan_model_syncs, sync_models
+from dagrl_worker.weight_sync import sync_models
 
 log = logging.getLogger("dagrl.worker")
-
-
-@dataclass(frozen=True)
-class RankParts:
-    """What `init_graph` builds, every part ready to use."""
-
-    where: RankGraph
-    prompts: PromptSource
-    runner: GraphRunner
-    router: EdgeRouter
-    checkpointer: RankCheckpointer
-    policy: PolicyVersions
-    model_syncs: list[ModelSync]
 
 
 class DAGWorker:
@@ -88,9 +68,7 @@ class DAGWorker:
         self.groups = RankGroups(self.graph, self.plan, rank, self.device)
         self.models: dict[int, AgentModels] = {}  # by agent group, filled by init_graph
         self.checkpoint_root = Path(spec.checkpoint_dir)
-        self.data_job = spec.job_id  # set per attempt by init_graph
-        self.kl_controller = kl_controller(self.config)
-        self._parts: RankParts | None = None
+        self._parts: RankParts | None = None  # built by init_graph
         torch.manual_seed(self.config.trainer.seed * 1000 + rank)
         services = self.config.services
         self.telemetry = telemetry.setup(
@@ -119,35 +97,15 @@ class DAGWorker:
 
         Returns (first step to run, total training steps).
         """
-        where = RankGraph.of(self.graph, self.plan, self.rank)
         self._check_job()
         resume = resume_folder(self.checkpoint_root, self.config, attempt)
         if resume:  # a damaged weights file is named here, not deep inside transformers
             checkpoint_files.check_safetensors(resume)
-        self.data_job = attempt_namespace(self.spec.job_id, attempt)
-        prompts = PromptSource(self.config, shared_tokenizer(self.graph, self.config))
-        total = total_training_steps(self.config, prompts.batches_per_epoch)
-        for agent in sorted({self.graph[n].agent_group for n in where.order}):
-            weights = str(resume / f"agent{agent}" / "actor") if resume else None
-            self.models[agent] = build_agent_models(
-                self.graph, set(where.order), agent, self.config, self.groups.dp_for, total,
-                policy_weights=weights, device=self.device)
-        executors = {node_id: self._build_executor(where, node_id) for node_id in where.order}
-        router = EdgeRouter(self.graph, self.plan, self.rank, self.data_job, self.store,
-                            balance_batch=self.config.trainer.balance_batch)
-        syncs = plan_model_syncs(self.graph, self.plan, self.rank, self.models,
-                                 self.groups.weight_syncs)
-        checkpointer = RankCheckpointer(self.checkpoint_root, where, self.config, self.models,
-                                        prompts, self.kl_controller)
-        first_step = checkpointer.load(resume) if resume else 1
-        ledger = SampleLedger(self.checkpoint_root / metrics_file.RUN_SUBDIR, self.rank,
-                              self.spec.job_id)
-        policy = PolicyVersions(self.config.trainer.max_staleness, ledger, attempt,
-                                first_step - 1)
-        runner = GraphRunner(where, self.config, executors, self.models, prompts, policy,
-                             self.device, self.kl_controller)
-        self._parts = RankParts(where, prompts, runner, router, checkpointer, policy, syncs)
-        return first_step, total
+        setup = RankSetup(self.spec.job_id, self.config,
+                          RankGraph.of(self.graph, self.plan, self.rank), self.device,
+                          self.groups, self.checkpoint_root)
+        self._parts = build_parts(setup, self.models, self.store, attempt, resume)
+        return self._parts.first_step, self._parts.total_steps
 
     def _check_job(self) -> None:
         """Refuse a job this rank cannot run before any model loads: the scheduler's checks
@@ -164,15 +122,6 @@ class DAGWorker:
         if self.config.trainer.max_staleness is not None:
             rank_sides(self.graph, self.plan)  # refuses a plan that cannot run ahead
 
-    def _build_executor(self, where: RankGraph, node_id: str) -> Executor:
-        node = self.graph[node_id]
-        return build_executor(
-            node, self.models[node.agent_group], self.config,
-            where.target_groups(node_id, self.config.data.train_batch_size),
-            self.groups.group_for(node_id),
-            old_log_probs_in_update=node.only_forward_compute
-            and old_log_probs_in_update(self.graph, node_id, self.config))
-
     def run_step(self, step: int, trace: dict[str, str] | None = None) -> Summary:
         """One training step on this rank; returns its metric summary (no batch data).
 
@@ -187,7 +136,7 @@ class DAGWorker:
         with telemetry.step_span(step, self.spec.job_id, parent=trace) as span:
             self.walk(ctx, global_prompts, parts.where.order, parts.router)
             if not parts.policy.is_async:
-                sync_models(parts.model_syncs, self.models, self.rank, sink)
+                self._sync_weights(sink)
             offload_engines(self.models, self.device)
             span.add_tokens(int(sink.value(telemetry.KEY_TOKENS_GENERATED)))
             peak = peak_flops(self.models)
@@ -198,6 +147,10 @@ class DAGWorker:
         sink.add(telemetry.KEY_TIME_PER_STEP, time.perf_counter() - started, Reduce.MAX)
         record_memory(sink, self.device)
         return sink.summary()
+
+    def _sync_weights(self, sink: MetricSink) -> None:
+        """Every updated model to where it is used untrained (`weight_sync.sync_models`)."""
+        sync_models(self.parts.model_syncs, self.models, self.rank, sink)
 
     def walk(self, ctx: StepContext, global_prompts: PromptRows, nodes: list[str],
              router: EdgeRouter, tag: str = "") -> None:
@@ -210,7 +163,7 @@ class DAGWorker:
         parts = self.parts
         wanted = evaluation_nodes(self.graph)
         router = evaluation_router(self.graph, self.plan, self.rank, self.store,
-                                   validation_namespace(self.data_job, step))
+                                   validation_namespace(parts.data_job, step))
         context = parts.runner.step_context(0, MetricSink(), validating=True)
         run = EvaluationRun(self.graph, self.plan, [n for n in parts.where.order if n in wanted],
                             self.walk, router, context)
@@ -232,15 +185,3 @@ class DAGWorker:
         """Export every span still queued (the driver calls this before stopping the rank)."""
         return self.telemetry.force_flush(timeout_s=10.0)
 
-
-def total_training_steps(config: JobConfig, batches_per_epoch: int) -> int:
-    """`trainer.total_training_steps` when set, else epochs x batches per epoch."""
-    explicit = config.trainer.total_training_steps
-    return explicit if explicit else config.trainer.total_epochs * batches_per_epoch
-
-
-def kl_controller(config: JobConfig) -> KLController:
-    kl = config.algorithm.kl_ctrl
-    if kl.type == "adaptive":
-        return AdaptiveKLController(kl.kl_coef, kl.target_kl, kl.horizon)
-    return FixedKLController(kl.kl_coef)
