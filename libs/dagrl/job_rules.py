@@ -11,6 +11,9 @@ Owns `PRODUCED_BY` (which node adds each field the built-in executors read) and 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
+
 from dagrl.config import JobConfig, node_config
 from dagrl.errors import ConfigError
 from dagrl.workflow import Node, NodeRole, NodeType, TaskGraph
@@ -195,3 +198,60 @@ def _model_reward_problems(graph: TaskGraph) -> list[str]:
                 "e.g. {node_id: reward, node_type: COMPUTE, node_role: REWARD, dependencies: "
                 f"[{node.node_id}]}}, with reward.sources naming it")
     return problems
+
+
+# Rules that need the job's plan. The scheduler's plans keep them; the worker checks the plan it
+# was given (a Driver also runs plans the scheduler never made) with `check_planned_job`.
+
+
+class PlannedLayout(Protocol):
+    """A node's place in a plan (`dagrl_worker.plan_view.NodeLayout`, or the Plan proto's)."""
+
+    @property
+    def ranks(self) -> Sequence[int]: ...
+
+    @property
+    def tp_size(self) -> int: ...
+
+    @property
+    def pp_size(self) -> int: ...
+
+
+def check_planned_job(config: JobConfig, graph: TaskGraph, layouts: Mapping[str, PlannedLayout],
+                      nodes: Iterable[str], *, on_gpu: bool) -> None:
+    """`check_job` with the plan's rules, for a rank that runs `nodes` on a GPU or not: one
+    ConfigError listing every problem."""
+    problems = [*job_problems(config, graph), *redraw_problems(graph, layouts),
+                *model_parallel_problems(layouts, nodes, on_gpu=on_gpu)]
+    if problems:
+        raise ConfigError(problems)
+
+
+def redraw_problems(graph: TaskGraph, layouts: Mapping[str, PlannedLayout]) -> list[str]:
+    """A DYNAMIC_SAMPLING node redraws prompts by rerunning its ancestors on its own ranks
+    (`dagrl_worker.graph_runner.GraphRunner.regenerate`): they must all run there."""
+    problems = []
+    for node in graph.nodes:
+        if node.node_role != NodeRole.DYNAMIC_SAMPLING or node.node_id not in layouts:
+            continue
+        ranks = list(layouts[node.node_id].ranks)
+        elsewhere = [a for a in graph.ancestors(node.node_id)
+                     if a in layouts and list(layouts[a].ranks) != ranks]
+        if elsewhere:
+            problems.append(
+                f"node {node.node_id!r} (DYNAMIC_SAMPLING) reruns its upstream nodes on its own "
+                f"ranks {ranks} to redraw prompts, but the plan puts "
+                f"{', '.join(repr(a) for a in elsewhere)} on other ranks; keep them together "
+                "(workflow.agent_placement=colocate for a multi-agent workflow)")
+    return problems
+
+
+def model_parallel_problems(layouts: Mapping[str, PlannedLayout], nodes: Iterable[str], *,
+                            on_gpu: bool) -> list[str]:
+    """Tensor or pipeline parallel layouts shard one model over several GPUs."""
+    sharded = sorted(n for n in nodes if layouts[n].tp_size * layouts[n].pp_size > 1)
+    if not sharded or on_gpu:
+        return []
+    return [f"the plan gives {', '.join(repr(n) for n in sharded)} tp_size x pp_size > 1, which "
+            "shards a model across GPUs; on CPU every node runs with tp_size = pp_size = 1 "
+            "(remove tp_size/pp_size from the nodes' config)"]

@@ -18,7 +18,7 @@ from dagrl.local import LocalRedis
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.workflow import load_workflow
 from dagrl_scheduler.planning import Cluster, make_plan
-from dagrl_worker.sample_ledger import read_trained
+from dagrl_worker.async_training.sample_ledger import read_trained
 
 from .test_training import _actor_weights, run_job, series
 
@@ -60,8 +60,14 @@ def test_staleness_zero_equals_the_synchronous_run(ray_session: None, assets: Pa
     for name, tensor in expected.items():
         assert float((tensor - actual[name]).abs().max()) <= 1e-6, name
     assert series(staleness0, "async/staleness/max") == [0.0, 0.0, 0.0]
-    assert (trained_samples(tmp_path / "sync" / "ckpt" / "runs")
-            == trained_samples(tmp_path / "async" / "ckpt" / "runs"))
+    # the ledger audits asynchronous runs only: staleness 0 trains what a synchronous step
+    # trains, step t's own samples drawn with the weights after step t - 1
+    assert not list((tmp_path / "sync" / "ckpt" / "runs").glob("trained_samples.*"))
+    ledger = read_trained(tmp_path / "async" / "ckpt" / "runs")
+    assert sorted(ledger) == [1, 2, 3]
+    for step, uids in trained_samples(tmp_path / "async" / "ckpt" / "runs").items():
+        assert uids and all(uid.startswith(f"s{step}:") for uid in uids), (step, uids)
+        assert {v for row in ledger[step] for v in row["rollout_versions"]} == {step - 1}
     # on-policy means no overlap: the rollout of t + 1 starts after the training of t ends
     assert sorted((side, step) for side, step, _, _ in staleness0.timeline) == [
         (side, step) for side in ("rollout", "training") for step in (1, 2, 3)]
@@ -133,8 +139,8 @@ def test_async_restart_trains_every_prompt_once_in_order(ray_session: None, asse
 
 def test_stale_samples_leave_the_loss() -> None:
     from dagrl.batch import Batch
+    from dagrl_worker.async_training.staleness import ROLLOUT_VERSION, guard_staleness
     from dagrl_worker.metrics import MetricSink
-    from dagrl_worker.staleness import ROLLOUT_VERSION, guard_staleness
 
     mask = torch.ones(4, 3, dtype=torch.long)
     batch = Batch(tensors={"response_mask": mask,

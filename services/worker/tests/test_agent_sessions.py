@@ -14,8 +14,8 @@ from dagrl_worker.agents.episodes import EpisodeOutcome, episodes_to_batch
 from dagrl_worker.agents.protocol import GatewayError, GatewayLimits, parse_chat
 from dagrl_worker.agents.rendering import ChatTail, CompletionTail, Renderer
 from dagrl_worker.agents.sessions import Sampled, Session, SessionRegistry
+from dagrl_worker.async_training.staleness import ROLLOUT_VERSION
 from dagrl_worker.prompts import prompts_to_batch
-from dagrl_worker.staleness import ROLLOUT_VERSION
 
 TOKENIZER = build_char_tokenizer()
 RENDERER = Renderer(TOKENIZER)

@@ -1,8 +1,14 @@
-"""Checkpoint folders commit atomically, keep the last K, and a crash mid-save is ignored."""
+"""Checkpoint folders commit atomically, keep the last K, and a crash mid-save is ignored; a
+rank's checkpointer resumes from the right folder and saves the loader as of the step."""
 
 from pathlib import Path
+from typing import Any
 
+from dagrl.algorithms import FixedKLController
+from dagrl.config import JobConfig, load_job_config
+from dagrl.workflow import load_workflow
 from dagrl_worker import checkpoint
+from dagrl_worker.plan_view import PlanView, RankGraph, colocated_plan
 
 
 def save(root: Path, step: int, keep: int) -> Path:
@@ -40,3 +46,45 @@ def test_a_stray_folder_beside_the_checkpoints_is_neither_parsed_nor_pruned(
     assert sorted(p.name for p in tmp_path.glob("global_step_*")) == [
         "global_step_1_backup", "global_step_3", "global_step_4", "global_step_x"]
     assert checkpoint.latest_step(tmp_path) == 4
+
+
+def job(**trainer: object) -> JobConfig:
+    return load_job_config(data={"actor_rollout_ref": {"model": {"path": "/m"}},
+                                 "trainer": trainer})
+
+
+def test_a_restart_resumes_the_latest_whatever_resume_mode_says(tmp_path: Path) -> None:
+    assert checkpoint.resume_folder(tmp_path, job(), attempt=0) is None  # nothing saved yet
+    save(tmp_path, 2, keep=3)
+    latest = checkpoint.step_dir(tmp_path, 2)
+    assert checkpoint.resume_folder(tmp_path, job(), attempt=0) == latest
+    assert checkpoint.resume_folder(tmp_path, job(resume_mode="disable"), attempt=0) is None
+    assert checkpoint.resume_folder(tmp_path, job(resume_mode="disable"), attempt=1) == latest
+    chosen = job(resume_mode="resume_path", resume_from_path=str(tmp_path / "other"))
+    assert checkpoint.resume_folder(tmp_path, chosen, attempt=0) == tmp_path / "other"
+
+
+class Loader:
+    def __init__(self) -> None:
+        self.position = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"position": self.position}
+
+
+def test_a_checkpoint_saves_the_loader_as_of_its_step(tmp_path: Path) -> None:
+    """A rollout rank two steps ahead still saves step 1's loader position."""
+    graph = load_workflow("grpo")
+    where = RankGraph.of(graph, PlanView(colocated_plan(graph, 1)), 0)
+    loader = Loader()
+    saver = checkpoint.RankCheckpointer(tmp_path, where, job(), {}, loader,  # type: ignore[arg-type]
+                                        FixedKLController(0.1))
+    for step in (1, 2, 3):
+        loader.position = step * 10
+        saver.note_loader(step)
+    saver.save(1)
+    state = checkpoint.load_trainer_state(checkpoint.step_dir(tmp_path, 1))
+    assert state == {"step": 1, "loader": {"position": 10}, "generated_ahead": []}
+    assert sorted(saver.loader_states) == [2, 3]
+    rank_state = checkpoint.load_rank_state(checkpoint.step_dir(tmp_path, 1), 0)
+    assert rank_state["kl_coef"] == 0.1

@@ -113,11 +113,11 @@ def test_a_restart_resumes_from_the_latest_checkpoint_in_a_fresh_data_namespace(
     first.init_graph()
     first.run_step(1)
     first.save_checkpoint(1)
-    assert first.router.job_id == "unit"
+    assert first.parts.router.job_id == "unit"
     # resume_mode says disable, but a restart after a failure always resumes
     restarted = make_worker(tiny_checkpoint, tmp_path, save_freq=1, resume_mode="disable")
     assert restarted.init_graph(attempt=2)[0] == 2
-    assert restarted.router.job_id == "unit.r2"  # shards of the failed attempt stay unread
+    assert restarted.parts.router.job_id == "unit.r2"  # shards of the failed attempt stay unread
 
 
 class Recorder:

@@ -13,11 +13,11 @@ import socket
 import ray
 
 from dagrl.rendezvous import rendezvous_file
+from dagrl_worker.async_training.weight_publish import Published
 from dagrl_worker.dag_worker import DAGWorker
 from dagrl_worker.dataflow import open_shard_store
 from dagrl_worker.metrics import Summary
 from dagrl_worker.spec import WorkerSpec
-from dagrl_worker.weight_sync import Published
 
 
 @ray.remote

@@ -13,13 +13,16 @@ as the latest. Older checkpoints beyond `max_checkpoints_to_keep` are deleted; o
 named exactly `global_step_<int>` count (`dagrl.checkpoint_layout`), a user's
 `global_step_1_backup` is left alone.
 
-Every rank calls `save` and `load`; the world process group synchronizes them. `.pt`
-files are read with `torch.load(weights_only=True)`: no arbitrary unpickling.
+Every rank saves and loads through its `RankCheckpointer` (which checkpoint a start resumes
+from, what each rank writes, the prompt loader's position per step); the world process group
+synchronizes them. `.pt` files are read with `torch.load(weights_only=True)`: no arbitrary
+unpickling.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
@@ -30,9 +33,23 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
+from dagrl import telemetry
+from dagrl.algorithms import KLController
 from dagrl.checkpoint_layout import LATEST_FILE, committed_steps, step_dir
+from dagrl.config import JobConfig
+from dagrl.workflow import NodeRole
 from dagrl_worker import checkpoint_files
+from dagrl_worker.executors.base import AgentModels
+from dagrl_worker.plan_view import RankGraph
+from dagrl_worker.prompt_source import PromptSource
 from dagrl_worker.training import lora
+from dagrl_worker.weight_sync import trainer_ranks
+
+log = logging.getLogger("dagrl.worker")
+
+# loader states kept for checkpoints of steps the rollout side is past (asynchronous training
+# runs it at most max_staleness + 1 steps ahead; a bound keeps synchronous runs small)
+LOADER_STATES_KEPT = 64
 
 
 def latest_step(root: Path) -> int | None:
@@ -146,3 +163,98 @@ def save_trainer_state(folder: Path, state: dict[str, Any]) -> None:
 
 def load_trainer_state(folder: Path) -> dict[str, Any]:
     return checkpoint_files.read_trainer_json(folder / "trainer.json")
+
+
+def resume_folder(root: Path, config: JobConfig, attempt: int) -> Path | None:
+    """The checkpoint a start loads: on a restart (`attempt` > 0 after a failure) the latest
+    committed one whatever `trainer.resume_mode` says, else as it says (None: afresh)."""
+    trainer = config.trainer
+    if not attempt and trainer.resume_mode == "disable":
+        return None
+    if not attempt and trainer.resume_mode == "resume_path":
+        return Path(trainer.resume_from_path or "")
+    step = latest_step(root)
+    return step_dir(root, step) if step is not None else None
+
+
+class RankCheckpointer:
+    """What one rank saves and loads: its models' weights (by their first trainer) and
+    training states, the KL controller, the RNGs, and (rank 0) the step and loader position."""
+
+    def __init__(self, root: Path, where: RankGraph, config: JobConfig,
+                 models: dict[int, AgentModels], prompts: PromptSource,
+                 kl_controller: KLController) -> None:
+        self.root, self.where, self.rank, self.config = root, where, where.rank, config
+        self.models, self.prompts, self.kl_controller = models, prompts, kl_controller
+        self.loader_states: dict[int, dict[str, Any]] = {}  # step -> loader after its batch
+
+    def note_loader(self, step: int) -> None:
+        """The loader's position after step `step`'s batch (a checkpoint of `step` saves it,
+        though a rollout rank may have drawn later batches by then)."""
+        self.loader_states[step] = self.prompts.state_dict()
+        self.loader_states.pop(step - LOADER_STATES_KEPT, None)
+
+    def save(self, step: int, generated_ahead: tuple[int, ...] = ()) -> str:
+        """Checkpoint after training step `step` (collective, atomic). `generated_ahead`:
+        later steps the rollout side had generated (asynchronous training); a resume generates
+        them again from the same prompts (the loader is saved as of `step`)."""
+        with telemetry.phase_span(telemetry.SPAN_CHECKPOINT_SAVE, {telemetry.ATTR_STEP: step}):
+            tmp = begin(self.root, step, self.rank)
+            save_rank_state(tmp, self.rank, self._rank_state(tmp))
+            if self.rank == 0:
+                save_trainer_state(tmp, {"step": step, "loader": self._loader_at(step),
+                                         "generated_ahead": list(generated_ahead)})
+            final = commit(self.root, step, self.rank,
+                           self.config.trainer.max_checkpoints_to_keep)
+        return str(final)
+
+    def _rank_state(self, tmp: Path) -> dict[str, Any]:
+        """This rank's state; the first trainer of each model also writes its weights."""
+        state: dict[str, Any] = {"rng": rng_state(), "kl_coef": self.kl_controller.value}
+        for agent, models in self.models.items():
+            for role, engine in (("actor", models.actor), ("critic", models.critic)):
+                if engine is None:
+                    continue
+                full = engine.full_state_dict(on_every_rank=False)  # collective under FSDP
+                trainers = trainer_ranks(self.where.graph, self.where.plan, agent,
+                                         NodeRole(role.upper()))
+                if self.rank == min(trainers, default=-1):
+                    folder = tmp / f"agent{agent}" / role
+                    save_trained_model(engine.inner, full, folder)
+                    models.tokenizer.save_pretrained(str(folder))
+                state[f"agent{agent}/{role}"] = engine.training_state()
+        return state
+
+    def _loader_at(self, step: int) -> dict[str, Any]:
+        """The prompt loader's state right after step `step`'s batch, forgetting the states
+        before it."""
+        state = self.loader_states.get(step, self.prompts.state_dict())
+        self.loader_states = {s: v for s, v in self.loader_states.items() if s > step}
+        return state
+
+    def load(self, folder: Path) -> int:
+        """Restore this rank from `folder`; returns the first step to run."""
+        trainer_state = load_trainer_state(folder)
+        rank_state = load_rank_state(folder, self.rank)
+        for agent, models in self.models.items():
+            if models.critic is not None:
+                models.critic.load_full_state_dict(
+                    _load_weights(folder / f"agent{agent}" / "critic"))
+            for role, engine in (("actor", models.actor), ("critic", models.critic)):
+                if engine is not None:
+                    engine.load_training_state(rank_state[f"agent{agent}/{role}"])
+        self.prompts.load_state_dict(trainer_state["loader"])
+        self.kl_controller.value = float(rank_state["kl_coef"])
+        restore_rng(rank_state["rng"])
+        ahead = trainer_state.get("generated_ahead", [])
+        if ahead and self.rank == 0:
+            log.info("resuming after step %d: steps %s were generated but not trained when it "
+                     "was saved; they are generated again from the same prompts",
+                     trainer_state["step"], ahead)
+        return int(trainer_state["step"]) + 1
+
+
+def _load_weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))

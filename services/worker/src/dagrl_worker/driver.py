@@ -46,6 +46,7 @@ from dagrl.local.processes import on_exit_of
 from dagrl.telemetry import names
 from dagrl.urls import redact_url, redact_urls
 from dagrl_worker.actors import DAGWorkerActor
+from dagrl_worker.async_training.rank_sides import rank_sides
 from dagrl_worker.device import wants_gpu
 from dagrl_worker.driver_args import parse_args
 from dagrl_worker.failure_reasons import failure_reason
@@ -60,7 +61,6 @@ from dagrl_worker.placement import (
     live_offers,
     machine_needs,
 )
-from dagrl_worker.rank_sides import rank_sides
 from dagrl_worker.run_lock import RunLock
 from dagrl_worker.spec import WorkerSpec
 from dagrl_worker.tracking import Tracker

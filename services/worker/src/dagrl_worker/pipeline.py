@@ -38,7 +38,7 @@ import ray
 from dagrl import telemetry
 from dagrl.config import JobConfig
 from dagrl.telemetry import names
-from dagrl_worker.rank_sides import RankSides
+from dagrl_worker.async_training.rank_sides import RankSides
 from dagrl_worker.spec import WorkerSpec
 
 

@@ -10,6 +10,7 @@ The plan arrives as a `dagrl.scheduler.v1.Plan` proto. The worker relies on:
 - `placements`: the machine (`node_rank`) of each rank, which also numbers the machines'
   databuffer instances when the job has one per machine (`machine_of`).
 
+`RankGraph` is the workflow as one rank runs it (its nodes in order, its share of a batch).
 `colocated_plan` builds the simplest plan (every node on every rank, one group per agent
 group's model nodes) for tests and for running a DAGWorker without the scheduler.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
-from dagrl.workflow import TaskGraph
+from dagrl.workflow import NodeType, TaskGraph
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,32 @@ class PlanView:
             if node_id in group.node_ids:
                 return group
         return None
+
+
+@dataclass(frozen=True)
+class RankGraph:
+    """The workflow as one rank runs it."""
+
+    graph: TaskGraph
+    plan: PlanView
+    rank: int
+    order: list[str]  # this rank's nodes, in topological order
+
+    @classmethod
+    def of(cls, graph: TaskGraph, plan: PlanView, rank: int) -> RankGraph:
+        mine = plan.nodes_on(rank)
+        return cls(graph, plan, rank, [n for n in graph.topological_order() if n in mine])
+
+    def target_groups(self, node_id: str, train_batch_size: int) -> int:
+        """The prompt groups this rank's dp share of `node_id` gets per step."""
+        layout = self.plan.layout(node_id)
+        base, extra = divmod(train_batch_size, layout.dp_size)
+        return base + (1 if layout.dp_rank(self.rank) < extra else 0)
+
+    def trains(self) -> bool:
+        """Whether this rank updates a model (MODEL_TRAIN, not forward-only)."""
+        return any(self.graph[n].node_type == NodeType.MODEL_TRAIN
+                   and not self.graph[n].only_forward_compute for n in self.order)
 
 
 def colocated_plan(graph: TaskGraph, world_size: int) -> scheduler_pb2.Plan:

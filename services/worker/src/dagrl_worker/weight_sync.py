@@ -1,6 +1,6 @@
 """Weight sync: the updated policy into its rollout engines, the updated critic to its users.
 
-After every step `DAGWorker._sync_weights` moves each trained model to where it is used
+After every synchronous step `sync_models` moves each trained model to where it is used
 without being trained, in buckets of whole decoder layers of at most `BUCKET_BYTES`:
 - colocated: a rank that trains the actor and rolls out with weights of its own (a vLLM
   engine, or an `hf` module beside a sharded actor) loads each bucket into its backend
@@ -18,23 +18,24 @@ A bucket never splits a decoder layer: vLLM processes a layer (fused q/k/v, gate
 repacking) once all of its tensors arrived in one reload.
 
 Asynchronous training (`trainer.max_staleness`) cannot broadcast: the receivers are busy
-generating a later step. There the first trainer publishes the model's buckets as a value
-(`publish_model`; the driver keeps it in the Ray object store, one version at a time) and a
-rollout rank loads them when the driver tells it to (`load_published`), between its steps.
-The price is one host copy of the model per published version.
+generating a later step. It publishes the buckets instead (`async_training.weight_publish`),
+built from the same pieces (`group_into_buckets`, `load_received`).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from dagrl import telemetry
 from dagrl.workflow import NodeRole, NodeType, TaskGraph
 from dagrl.workflow.model_use import MODEL_USE
 from dagrl_worker.executors.base import AgentModels
+from dagrl_worker.metrics import MetricSink, Reduce
 from dagrl_worker.plan_view import PlanView
 from dagrl_worker.weight_layout import TensorSpec, plan_buckets
 
@@ -191,41 +192,32 @@ def run_model_sync(sync: ModelSync, models: AgentModels, rank: int) -> int:
     for specs in plan_buckets(receiver_specs(models, sync.role)):  # a receiving rank
         bucket = broadcast_bucket(None, specs, sync.group.source, sync.handle,
                                   _group_device(sync.handle))
-        _load_received(models, sync.role, bucket)
+        load_received(models, sync.role, bucket)
         moved += bucket_bytes(bucket)
     return moved
 
 
-Published = list[tuple[int, NodeRole, list[Bucket]]]  # (agent, role, buckets) per model
-
-
-def publish_model(sync: ModelSync, models: AgentModels, rank: int) -> Published:
-    """One model's buckets on host memory from its first trainer (the other trainers of a
-    sharded model join its gathers and publish nothing)."""
-    if not sync.gathers or sync.group is None:
-        return []
-    engine = models.actor if sync.role == NodeRole.ACTOR else models.critic
-    assert engine is not None
-    specs = engine.tensor_specs()
-    is_source = rank == sync.group.source
-    buckets = []
-    for bucket in group_into_buckets(engine.full_tensors(), plan_buckets(specs)):
-        if is_source:  # the object store copies it when the call returns
-            buckets.append([(name, tensor.detach().cpu()) for name, tensor in bucket])
-    return [(sync.agent_group, sync.role, buckets)] if is_source else []
-
-
-def load_published(models: dict[int, AgentModels], published: Published) -> int:
-    """Load published models into this rank's replicas and engines; returns the bytes."""
+def sync_models(syncs: list[ModelSync], models: dict[int, AgentModels], rank: int,
+                sink: MetricSink) -> None:
+    """This rank's part of every model's sync (`plan_model_syncs`), timed into `sink`."""
+    if not syncs:
+        return
+    started = time.perf_counter()
     moved = 0
-    for agent, role, buckets in published:
-        local = models.get(agent)
-        if local is None:
-            continue
-        for bucket in buckets:
-            _load_received(local, role, bucket)
-            moved += bucket_bytes(bucket)
-    return moved
+    with telemetry.phase_span(telemetry.SPAN_WEIGHT_SYNC) as span:
+        for sync in syncs:
+            moved += run_model_sync(sync, models[sync.agent_group], rank)
+        span.add_bytes(moved)
+    record_sync(sink, time.perf_counter() - started, moved)
+
+
+def record_sync(sink: MetricSink, seconds: float, moved: int) -> None:
+    """A sync's time, and the bytes it moved with their rate when it moved any."""
+    sink.add(telemetry.KEY_WEIGHT_SYNC_TIME, seconds, Reduce.MAX)
+    if moved:
+        sink.add(telemetry.KEY_WEIGHT_SYNC_BYTES, moved, Reduce.SUM)
+        sink.add(telemetry.KEY_WEIGHT_SYNC_GBPS, moved / max(seconds, 1e-9) / 1e9,
+                 Reduce.MEAN, weight=moved)
 
 
 def receiver_specs(models: AgentModels, role: NodeRole) -> list[TensorSpec]:
@@ -239,7 +231,7 @@ def receiver_specs(models: AgentModels, role: NodeRole) -> list[TensorSpec]:
     return models.policy_specs
 
 
-def _load_received(models: AgentModels, role: NodeRole, bucket: Bucket) -> None:
+def load_received(models: AgentModels, role: NodeRole, bucket: Bucket) -> None:
     if role == NodeRole.CRITIC:
         assert models.critic is not None
         copy_into(models.critic.inner, bucket)

@@ -29,10 +29,10 @@ import torch
 from dagrl.batch import UID, Batch
 from dagrl_worker.agents.gateway import Gateway
 from dagrl_worker.agents.sessions import Sequence, Session
+from dagrl_worker.async_training.staleness import ROLLOUT_VERSION
 from dagrl_worker.prompts import prompts_to_batch
 from dagrl_worker.rollout.multiturn import Episode
 from dagrl_worker.rollout.multiturn import episodes_to_batch as turns_to_batch
-from dagrl_worker.staleness import ROLLOUT_VERSION
 
 AgentFn = Callable[[openai.AsyncOpenAI, dict[str, Any]], Awaitable[Any]]
 

@@ -1,8 +1,9 @@
-"""Validation: the workflow's rollout part, run on the validation prompts and scored.
+"""Evaluation: the workflow's rollout part, run on the validation prompts and scored.
 
-The validation pass runs the nodes upstream of the final REWARD nodes (those with no REWARD
-node after them) and those reward nodes: the rollout, every agent of a chain, multi-turn
-episodes with their environments — the same executors as training, with the val sampling
+An evaluation pass (`DAGWorker.validate`, every `trainer.test_freq` steps) trains nothing. It
+runs the nodes upstream of the final REWARD nodes (those with no REWARD node after them) and
+those reward nodes: the rollout, every agent of a chain, multi-turn episodes with their
+environments — the same executors as training, with the val sampling
 parameters (`StepContext.validating`). Data moves as in training: through the local cache
 or, between layouts (agents spread over ranks), through the databuffer, in a namespace of its
 own (`dagrl_databuffer.keys.validation_namespace`) so it never meets a training step's edges.
@@ -10,13 +11,13 @@ own (`dagrl_databuffer.keys.validation_namespace`) so it never meets a training 
 The validation set goes through in chunks of `data.val_batch_size` prompts (default: about
 `CHUNK_PROMPTS` per entry rank); every rank walks every chunk (a chunk's entry nodes take their
 dp share of it; a rank whose share is empty passes an empty batch on). Only edges between
-validation nodes are written. The ranks that hold a final reward node record
+evaluation nodes are written. The ranks that hold a final reward node record
 `val/<data_source>/{accuracy, mean@n, best@n}` (under `val/agent{g}/` when the workflow has
 several agents) and the rollouts' `num_turns/`, `response_length/`, `tool/` figures under
 `val/`; the driver merges the per-rank summaries (weighted by sample and prompt counts), so the
 figures are exact means over the whole validation set.
 
-The DAGWorker hands over what a pass needs as a `ValidationRun` (the workflow and plan, its
+The DAGWorker hands over what a pass needs as an `EvaluationRun` (the workflow and plan, its
 nodes on this rank, how to run them, the router and a validating step context); this module
 never sees the worker itself.
 """
@@ -42,51 +43,51 @@ from dagrl_worker.plan_view import PlanView
 from dagrl_worker.prompts import PromptRows
 
 CHUNK_PROMPTS = 64
-# the rollout figures a validation pass reports (under val/); the rest stay training's
+# the rollout figures an evaluation pass reports (under val/); the rest stay training's
 _REPORTED = telemetry.ROLLOUT_METRIC_PREFIXES
 
-# Runs some of a rank's nodes once (`DAGWorker.walk`): (ctx, global prompts, node ids,
+# Runs some of a rank's nodes once (`GraphRunner.walk`): (ctx, global prompts, node ids,
 # router, uid tag) -> None.
 Walk = Callable[[StepContext, PromptRows, list[str], EdgeRouter, str], None]
 
 
 @dataclass(frozen=True)
-class ValidationRun:
-    """What one validation pass on one rank needs, and nothing more."""
+class EvaluationRun:
+    """What one evaluation pass on one rank needs, and nothing more."""
 
     graph: TaskGraph
     plan: PlanView
-    order: list[str]  # this rank's validation nodes, in topological order
+    order: list[str]  # this rank's evaluation nodes, in topological order
     walk: Walk
-    router: EdgeRouter  # edges between validation nodes (`validation_router`)
+    router: EdgeRouter  # edges between evaluation nodes (`evaluation_router`)
     context: StepContext  # validating=True; its step is set per chunk, its sink is scratch
 
 
 def final_rewards(graph: TaskGraph) -> list[str]:
-    """REWARD nodes with no REWARD node downstream: what a validation pass scores."""
+    """REWARD nodes with no REWARD node downstream: what an evaluation pass scores."""
     rewards = [n for n in graph.topological_order() if graph[n].node_role == NodeRole.REWARD]
     return [n for n in rewards
             if not any(graph[d].node_role == NodeRole.REWARD for d in graph.descendants(n))]
 
 
-def validation_nodes(graph: TaskGraph) -> set[str]:
+def evaluation_nodes(graph: TaskGraph) -> set[str]:
     """The final reward nodes and every node upstream of them."""
     finals = final_rewards(graph)
     return {*finals, *(a for n in finals for a in graph.ancestors(n))}
 
 
-def validation_router(graph: TaskGraph, plan: PlanView, rank: int, store: ShardStore | None,
+def evaluation_router(graph: TaskGraph, plan: PlanView, rank: int, store: ShardStore | None,
                       namespace: str) -> EdgeRouter:
-    """The edges between validation nodes, under a databuffer namespace of their own
+    """The edges between evaluation nodes, under a databuffer namespace of their own
     (`dagrl_databuffer.keys.validation_namespace`)."""
     return EdgeRouter(graph, plan, rank, namespace, store, balance_batch=False,
-                      running=frozenset(validation_nodes(graph)))
+                      running=frozenset(evaluation_nodes(graph)))
 
 
-def validate_workflow(run: ValidationRun, rows: PromptRows) -> Summary:
-    """This rank's part of a validation pass over the validation prompts `rows`."""
+def evaluate(run: EvaluationRun, rows: PromptRows) -> Summary:
+    """This rank's part of an evaluation pass over the validation prompts `rows`."""
     sink = MetricSink()
-    wanted = validation_nodes(run.graph)
+    wanted = evaluation_nodes(run.graph)
     if not wanted or not rows:
         return sink.summary()
     finals = [n for n in final_rewards(run.graph) if n in run.order]
@@ -112,7 +113,7 @@ def validate_workflow(run: ValidationRun, rows: PromptRows) -> Summary:
     return sink.summary()
 
 
-def _chunk_prompts(run: ValidationRun, wanted: set[str]) -> int:
+def _chunk_prompts(run: EvaluationRun, wanted: set[str]) -> int:
     """Prompts per chunk: `data.val_batch_size`, else `CHUNK_PROMPTS` per entry rank."""
     configured = run.context.config.data.val_batch_size
     if configured is not None:

@@ -1,10 +1,11 @@
 """Which samples each step trained on: `<run folder>/runs/trained_samples.rank<r>.jsonl`.
 
-Every rank that updates a policy appends one row per update node and step: `{"job_id",
-"attempt", "time", "step", "node", "uids": [...], "rollout_versions": [...]}`, the samples
-that reached the loss in the order the rank trained them. It is the audit trail of
-asynchronous training (which prompts were trained, how stale each was) and what the tests
-compare between an interrupted and an uninterrupted run.
+In an asynchronous run (`trainer.max_staleness`) every rank that updates a policy appends one
+row per update node and step: `{"job_id", "attempt", "time", "step", "node", "uids": [...],
+"rollout_versions": [...]}`, the samples that reached the loss in the order the rank trained
+them. It is the audit trail of asynchronous training (which prompts were trained, how stale
+each was) and what the tests compare between an interrupted and an uninterrupted run; a
+synchronous run trains each step's own samples and writes none (`policy_versions`).
 
 Reading rule, as for `metrics.jsonl`: for each step the rows of its last writer win. A
 writer is a (job id, attempt): a restart, or a later job resuming the run, trains the steps

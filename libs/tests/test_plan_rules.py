@@ -1,0 +1,62 @@
+"""The job rules that need the plan (`dagrl.job_rules.check_planned_job`): a DYNAMIC_SAMPLING
+node's upstream runs on its ranks; tensor/pipeline parallel layouts need GPUs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import yaml
+
+from dagrl.config import load_job_config
+from dagrl.errors import ConfigError
+from dagrl.job_rules import check_planned_job, model_parallel_problems, redraw_problems
+from dagrl.workflow import load_workflow, parse_workflow
+
+
+@dataclass(frozen=True)
+class Layout:
+    ranks: tuple[int, ...]
+    tp_size: int = 1
+    pp_size: int = 1
+
+
+def layouts(workflow: str, **ranks: tuple[int, ...]) -> dict[str, Layout]:
+    return {n.node_id: Layout(ranks.get(n.node_id, (0,))) for n in load_workflow(workflow).nodes}
+
+
+def test_a_redraw_whose_upstream_runs_elsewhere_names_it() -> None:
+    dapo = load_workflow("dapo")
+    assert redraw_problems(dapo, layouts("dapo")) == []
+    (problem,) = redraw_problems(dapo, layouts("dapo", rollout=(1,)))
+    assert problem.startswith("node 'dynamic_sampling' (DYNAMIC_SAMPLING) reruns its upstream "
+                              "nodes on its own ranks [0]")
+    assert "the plan puts 'rollout' on other ranks" in problem
+    assert redraw_problems(load_workflow("grpo"), layouts("grpo", rollout=(1,))) == []
+
+
+def test_tensor_parallel_layouts_are_refused_on_cpu_only() -> None:
+    planned = {"rollout": Layout((0, 1), tp_size=2), "actor_train": Layout((0, 1))}
+    (problem,) = model_parallel_problems(planned, ["rollout", "actor_train"], on_gpu=False)
+    assert "'rollout' tp_size x pp_size > 1" in problem and "on CPU" in problem
+    assert model_parallel_problems(planned, ["rollout"], on_gpu=True) == []
+    assert model_parallel_problems(planned, ["actor_train"], on_gpu=False) == []  # not this rank's
+
+
+def test_the_plan_rules_and_the_job_rules_are_listed_together() -> None:
+    config = load_job_config(data={"actor_rollout_ref": {"model": {"path": "/m"}}},
+                             overrides=["actor_rollout_ref.actor.use_rollout_log_probs=false"])
+    dapo = load_workflow("dapo")
+    check_planned_job(config, dapo, layouts("dapo"), ["rollout"], on_gpu=False)
+    without_old = dapo.to_dict()
+    without_old["nodes"] = [n for n in without_old["nodes"] if n["node_id"] != "old_log_prob"]
+    for node in without_old["nodes"]:
+        if node["node_id"] == "actor_train":
+            node["dependencies"] = ["advantage"]
+    graph = parse_workflow(yaml.safe_dump(without_old), source="test")
+    with pytest.raises(ConfigError) as caught:
+        check_planned_job(config, graph, layouts("dapo", rollout=(1,)), ["rollout"],
+                          on_gpu=False)
+    assert len(caught.value.problems) == 2
+    assert "old_log_probs" in caught.value.problems[0]
+    assert "DYNAMIC_SAMPLING" in caught.value.problems[1]
