@@ -25,7 +25,7 @@ test: install check-protos
 test-unit: install
 	$(PY) -m pytest -m "not integration and not e2e"
 
-## test-integration: child processes, Redis, gRPC/HTTP servers, Ray, vLLM engines; no training run
+## test-integration: child processes, Redis, gRPC/HTTP servers, Ray, vLLM engines; no training job
 test-integration: install
 	$(PY) -m pytest -m "integration and not e2e"
 
