@@ -21,12 +21,15 @@ demo: install
 test: install check-protos
 	$(PY) -m pytest
 
+## test-unit: one process, no subprocess, socket or engine (conftest.py enforces it); ~2 minutes
 test-unit: install
 	$(PY) -m pytest -m "not integration and not e2e"
 
+## test-integration: child processes, Redis, gRPC/HTTP servers, Ray, vLLM engines; no training job
 test-integration: install
-	$(PY) -m pytest -m integration
+	$(PY) -m pytest -m "integration and not e2e"
 
+## test-e2e: the tiny model trained through the real services
 test-e2e: install
 	$(PY) -m pytest -m e2e
 

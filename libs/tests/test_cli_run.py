@@ -74,6 +74,7 @@ def test_workflow_checks_agent_options_like_the_scheduler(
     assert "chain_templat: unknown key" in capsys.readouterr().err
 
 
+@pytest.mark.integration  # runs the CLI in a shell pipe
 def test_a_reader_that_stops_early_is_not_an_error() -> None:
     done = subprocess.run(
         f"{sys.executable} -m dagrl.cli.main workflow two_agent --format mermaid | head -1",

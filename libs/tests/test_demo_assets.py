@@ -26,6 +26,9 @@ BUILD = ("import json, sys; from dagrl.models.demo import DemoRecipe, prepare_as
          "prepare_assets(sys.argv[1], DemoRecipe(**json.loads(sys.argv[2])))")
 
 
+pytestmark = pytest.mark.integration  # each build runs the demo-asset builder in child processes
+
+
 def build_in_a_process_with(kernels: dict[str, str], folder: Path) -> str:
     env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR")}
     recipe = json.dumps(dataclasses.asdict(RECIPE))

@@ -25,6 +25,9 @@ SMALL = DemoRecipe(n_train=40, n_val=8, hidden_size=32, num_layers=1, warm_steps
                    warm_batch_size=8)
 
 
+pytestmark = pytest.mark.integration  # builds the reward model in a child process
+
+
 def test_wrong_answers_are_plausible_and_never_right() -> None:
     rng = random.Random(0)
     wrong = [wrong_answer("46", "12+34=", rng) for _ in range(500)]

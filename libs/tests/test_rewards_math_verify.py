@@ -14,6 +14,8 @@ import pytest
 from dagrl.errors import RewardError
 from dagrl.rewards import MATH_VERIFY_SOURCES, MathVerifier, compute_score, rule_scorers
 
+pytestmark = pytest.mark.integration  # every check runs in the math-verify checker's child process
+
 
 @pytest.fixture(scope="module")
 def verifier() -> Iterator[MathVerifier]:

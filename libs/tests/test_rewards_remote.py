@@ -21,6 +21,9 @@ from dagrl.rewards.remote import RemoteRewardClient, RemoteSample, RemoteSetting
 Behaviour = Callable[[dict[str, Any]], tuple[int, bytes]]
 
 
+pytestmark = pytest.mark.integration  # a real HTTP server on a loopback port
+
+
 @dataclass
 class Service:
     url: str

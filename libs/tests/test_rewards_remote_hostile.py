@@ -25,6 +25,9 @@ from dagrl.urls import redact_url, redact_urls
 Answer = Callable[[BaseHTTPRequestHandler], None]
 
 
+pytestmark = pytest.mark.integration  # a real HTTP server on a loopback port
+
+
 @contextmanager
 def serving(answer: Answer) -> Iterator[tuple[str, list[dict[str, Any]]]]:
     """A loopback HTTP server answering POST and GET with `answer`; yields its base URL and

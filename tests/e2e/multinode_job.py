@@ -149,16 +149,38 @@ def submit(config: dict[str, Any], redis_url: str, work: Path,
                                for p in plan.placements}}
 
 
-LOST_NODE_STEPS = 12
+LOST_NODE_STEPS = 4
+# The lost-node jobs' reward: the built-in rule, held once the first checkpoint exists until the
+# test has removed the node, so the job cannot end before the removal on any machine (a step
+# count was a race: 4 steps of ~0.4 s ended first on a fast machine).
+GATED_REWARD = """
+import time
+from pathlib import Path
+
+from dagrl.rewards import compute_score
+
+
+def gated(data_source, solution_str, ground_truth, extra_info=None):
+    deadline = time.monotonic() + 300
+    while (Path({checkpoint!r}).exists() and not Path({removed!r}).exists()
+           and time.monotonic() < deadline):
+        time.sleep(0.05)
+    return compute_score(data_source, solution_str, ground_truth, extra_info)
+"""
 
 
 def lose_a_node(name: str, config: dict[str, Any], cluster: RayTestCluster, redis_url: str,
                 work: Path, rejoin_after_s: float | None, wait_s: float) -> dict[str, Any]:
     """The `spread` job; once its first checkpoint is written, the node of rank 1 is removed
-    (and, with `rejoin_after_s`, a node with its labels added that much later). The driver
-    runs in a thread: Ray adds nodes only from the main thread."""
-    # Enough steps after the first checkpoint that the node is gone before the job could end:
-    # with 4, a fast machine finished steps 2-4 (~0.4 s each) before the removal took hold.
+    (and, with `rejoin_after_s`, a node with its labels added that much later) while the
+    job's reward holds step 2 (`GATED_REWARD`). The driver runs in a thread: Ray adds nodes
+    only from the main thread."""
+    root, removed = work / name / "ckpt", work / name / "node-removed"
+    gate = work / name / "gated_reward.py"
+    gate.parent.mkdir(parents=True, exist_ok=True)
+    gate.write_text(GATED_REWARD.format(checkpoint=str(root / "global_step_1"),
+                                        removed=str(removed)))
+    config.setdefault("reward", {})["reward_fn"] = f"{gate}:gated"
     config["trainer"].update(total_training_steps=LOST_NODE_STEPS, save_freq=1,
                              node_wait_timeout_s=wait_s)
     plan = make_plan(load_workflow("grpo"), Cluster.homogeneous(2, 1)).to_proto()
@@ -172,13 +194,14 @@ def lose_a_node(name: str, config: dict[str, Any], cluster: RayTestCluster, redi
     outcomes: list[Any] = []
     thread = threading.Thread(target=lambda: outcomes.append(driver.run()), daemon=True)
     thread.start()
-    root, deadline = work / name / "ckpt", time.monotonic() + 300
+    deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not list(root.glob("global_step_*")):
         time.sleep(0.2)
     victim_id = driver.outcome.rank_nodes[1]
     kind = _node_labels(victim_id).get(LABEL_DEVICE_KIND, "")
     cluster.remove_node(next(n for n in cluster.worker_nodes if n.node_id == victim_id),
                         allow_graceful=False)
+    removed.touch()  # releases the held reward
     removed_at, waiting, rejoined = time.monotonic(), "", False
     while thread.is_alive() and time.monotonic() < deadline:
         waiting = waiting or store.get(job_id).waiting_reason

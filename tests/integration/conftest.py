@@ -1,15 +1,22 @@
-"""Reading `docker-compose.yml` and the Dockerfiles for the compose tests
-(test_compose_stack.py, test_compose_images.py): services, environments, commands, ports."""
+"""Fixtures for the integration tests: every process a fake job driver started is stopped by
+PID after each test (`no_fake_driver_left`); and reading `docker-compose.yml` and the
+Dockerfiles for the compose tests (test_compose_stack.py, test_compose_images.py): services,
+environments, commands, ports."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shlex
-from collections.abc import Mapping
+import signal
+import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from dagrl_databuffer.config import ServiceConfig
@@ -21,6 +28,64 @@ REDIS_PORT = 6379  # redis-server's default; compose's command does not change i
 RAY_GCS_PORT = 6379  # `ray start --head` without --port
 RAY_DASHBOARD_PORT = 8265
 JAEGER_PORTS = {16686, 4317}  # UI, OTLP/gRPC (all-in-one with COLLECTOR_OTLP_ENABLED)
+FAKE_DRIVER_PIDS_ENV = "DAGRL_TEST_FAKE_DRIVER_PIDS"  # services/scheduler/tests/fake_driver.py
+STOP_WAIT_S = 10.0
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fake_driver_pids(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The file every fake driver of this session appends its PIDs to (inherited through the
+    environment by in-process and subprocess schedulers alike)."""
+    path = tmp_path_factory.mktemp("fake_drivers") / "pids"
+    path.touch()
+    previous = os.environ.get(FAKE_DRIVER_PIDS_ENV)
+    os.environ[FAKE_DRIVER_PIDS_ENV] = str(path)
+    try:
+        yield path
+    finally:
+        if previous is None:
+            os.environ.pop(FAKE_DRIVER_PIDS_ENV, None)
+        else:
+            os.environ[FAKE_DRIVER_PIDS_ENV] = previous
+        assert not stop_fake_drivers(path), "fake driver processes outlived the session"
+
+
+@pytest.fixture(autouse=True)
+def no_fake_driver_left(fake_driver_pids: Path) -> Iterator[None]:
+    """After each test, SIGKILL every process a fake driver started that still runs (a scheduler
+    stopped without `stop_drivers_on_exit` leaves its drivers running, by design), and fail
+    when one survives."""
+    yield
+    left = stop_fake_drivers(fake_driver_pids)
+    assert not left, f"fake driver processes {left} still run {STOP_WAIT_S:g} s after SIGKILL"
+
+
+def stop_fake_drivers(pids_file: Path) -> list[int]:
+    """SIGKILL each PID listed in `pids_file` that is still one of this session's fake-driver
+    processes; the PIDs still running `STOP_WAIT_S` later (a zombie counts as stopped)."""
+    marker = f"{FAKE_DRIVER_PIDS_ENV}={pids_file}".encode()
+    running = [pid for pid in dict.fromkeys(int(n) for n in pids_file.read_text().split())
+               if _is_running_with(pid, marker)]
+    for pid in running:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + STOP_WAIT_S
+    while running and time.monotonic() < deadline:
+        time.sleep(0.05)
+        running = [pid for pid in running if _is_running_with(pid, marker)]
+    return running
+
+
+def _is_running_with(pid: int, marker: bytes) -> bool:
+    """Whether `pid` runs (not a zombie) with `marker` in its environment: one of ours, not a
+    process that reused the PID."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False  # gone (or not ours to read)
+    state = stat.rsplit(")", 1)[1].split()[0]
+    return state != "Z" and marker in environ.split(b"\0")
 
 
 def load_compose(text: str | None = None) -> dict[str, Any]:

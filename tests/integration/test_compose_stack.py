@@ -5,7 +5,7 @@ service's `environment` sets is one the service reads (its config loaders are ca
 environment and record what they look up); ports, health checks, `host:port` references and
 commands agree with the services' defaults. The images: test_compose_images.py.
 
-Live (marked `e2e` too: it trains the tiny model): Redis, the metrics service, the
+Live (marked `e2e` only: it trains the tiny model): Redis, the metrics service, the
 databuffer, a Ray head, a Ray worker node and the scheduler run as local processes with the
 compose environment (compose service names mapped to 127.0.0.1, container ports to free
 ports, binds on loopback), ready once compose's own health checks pass; `dagrl submit
@@ -63,8 +63,6 @@ from .conftest import (
     prelude,
     references,
 )
-
-pytestmark = pytest.mark.integration
 
 SERVICES: dict[str, Any] = load_compose()["services"]
 # Variables owned by other programs, and the services whose processes those programs run.
@@ -153,6 +151,7 @@ def port_problems(services: Mapping[str, Any]) -> list[str]:
     return problems
 
 
+@pytest.mark.integration
 def test_every_built_service_has_its_context_and_dockerfile() -> None:
     built = [name for name, s in SERVICES.items() if "build" in s]
     assert {"metrics", "databuffer", "scheduler", "ray-head"} <= set(built)
@@ -163,16 +162,19 @@ def test_every_built_service_has_its_context_and_dockerfile() -> None:
             assert dockerfile_of(name, SERVICES).is_file(), name
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", sorted(READERS))
 def test_every_variable_compose_sets_is_one_the_service_reads(name: str) -> None:
     assert environment(SERVICES[name]), f"{name} sets no variables: is it still in compose?"
     assert unread_variables(name, SERVICES) == set()
 
 
+@pytest.mark.integration
 def test_ports_health_checks_and_references_agree_with_what_services_listen_on() -> None:
     assert port_problems(SERVICES) == []
 
 
+@pytest.mark.integration
 def test_service_settings_in_compose_are_the_services_defaults() -> None:
     """Compose changes only the bind address: ports stay the defaults clients assume."""
     metrics = MetricsConfig.from_env(environment(SERVICES["metrics"]))
@@ -188,6 +190,7 @@ def test_service_settings_in_compose_are_the_services_defaults() -> None:
     assert databuffer.buffer.redis_url == scheduler.redis_url  # one Redis for jobs and shards
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", ["metrics", "databuffer", "scheduler"])
 def test_each_service_runs_its_own_module(name: str) -> None:
     argv = main_argv(name, SERVICES)
@@ -197,6 +200,7 @@ def test_each_service_runs_its_own_module(name: str) -> None:
     assert entry == [argv], f"{name}: compose and its Dockerfile run different programs"
 
 
+@pytest.mark.integration
 def test_ray_nodes_and_the_scheduler_form_one_ray_cluster() -> None:
     head, worker = main_argv("ray-head", SERVICES), main_argv("ray-worker", SERVICES)
     assert head[:3] == ["ray", "start", "--head"] and "--block" in head
@@ -214,6 +218,7 @@ def test_ray_nodes_and_the_scheduler_form_one_ray_cluster() -> None:
     assert SERVICES["scheduler"].get("shm_size"), "the driver's object store needs /dev/shm"
 
 
+@pytest.mark.integration
 def test_the_static_checks_catch_what_they_are_for() -> None:
     """The checks above fail on a compose file with the mistakes they are for."""
     broken = load_compose()["services"]

@@ -9,11 +9,14 @@ What it does depends on the job's name:
     stubborn ignore SIGTERM, start a child process (logged as `child pid N`), create the job's
              rendezvous file as its ranks would (logged as `rendezvous PATH`) and sleep
 It checks that it received the plan, and fails the job when it did not.
+Every process it starts (itself, the stubborn child) is appended to the file named by
+`DAGRL_TEST_FAKE_DRIVER_PIDS` when set: the integration tests' fixture stops each by PID.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
@@ -26,8 +29,18 @@ from dagrl.jobs import JobState, JobStore
 from dagrl.rendezvous import rendezvous_file
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 
+PIDS_ENV = "DAGRL_TEST_FAKE_DRIVER_PIDS"
+
+
+def record_pid(pid: int) -> None:
+    """Tell the tests' fixture (tests/integration/conftest.py) to stop `pid` at teardown."""
+    if path := os.environ.get(PIDS_ENV):
+        with open(path, "a") as pids:
+            pids.write(f"{pid}\n")
+
 
 def main() -> int:
+    record_pid(os.getpid())
     parser = argparse.ArgumentParser()
     parser.add_argument("--job-id", required=True)
     parser.add_argument("--redis-url", required=True)
@@ -53,6 +66,7 @@ def main() -> int:
     elif record.name == "stubborn":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        record_pid(child.pid)
         print(f"child pid {child.pid}", flush=True)
         rendezvous = rendezvous_file(args.job_id)
         rendezvous.touch()

@@ -115,6 +115,7 @@ _PLAN_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration  # two child processes
 def test_the_same_plan_comes_out_of_two_independent_processes() -> None:
     outputs = []
     for seed in ("1", "2"):

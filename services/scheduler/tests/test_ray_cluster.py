@@ -64,6 +64,7 @@ def test_a_cluster_too_small_fails_with_the_nodes_there_are() -> None:
     assert "node aaaa1111 (2 CPU, 0 GPU)" in message and "node bbbb2222" in message
 
 
+@pytest.mark.integration  # connects to a loopback port
 def test_an_unreachable_ray_address_is_a_clear_error() -> None:
     with pytest.raises(FailedPreconditionError) as caught:
         read_ray_nodes("127.0.0.1:1", timeout_s=30, reach_s=1)

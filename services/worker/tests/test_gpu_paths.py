@@ -30,6 +30,7 @@ from dagrl_worker.weight_layout import plan_buckets, specs_of
 
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.integration,  # a vLLM engine; 2 spawned processes in an NCCL group
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 needs_vllm = pytest.mark.skipif(not is_engine_installed("vllm"),

@@ -139,6 +139,7 @@ def _ddp_step(rank: int, port: int, checkpoint: str, results: dict) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.integration  # 2 spawned processes in an NCCL group
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="DDP over NCCL needs 2 GPUs")
 def test_ddp_over_nccl_equals_one_rank(tiny_checkpoint: Path) -> None:
     with socket.socket() as probe:

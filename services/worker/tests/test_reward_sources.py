@@ -106,6 +106,7 @@ def last_token_scores(batch: Batch) -> list[float]:
     return scores[torch.arange(len(batch)), lengths - 1].tolist()
 
 
+@pytest.mark.integration  # an HTTP server on loopback
 def test_rule_rm_and_remote_are_combined_with_their_weights(remote_url: str) -> None:
     executor, config = reward_node({"sources": {"rule": 1.0, "rm": 0.5, "remote": 2.0},
                                     "remote_url": remote_url})
@@ -156,6 +157,7 @@ def test_the_overlong_penalty_applies_to_training_steps_only() -> None:
     assert telemetry.KEY_REWARD_OVERLONG_PENALTY_MEAN not in val_sink.summary()
 
 
+@pytest.mark.integration  # the math-verify child process
 def test_reward_fn_math_verify_scores_every_data_source_with_math_verify() -> None:
     answers = {"half as a decimal?": "0.50", "a third?": "0.5"}
     batch = rollout(answers, ["1/2", r"\frac{1}{3}"], data_source="exact_match",
@@ -176,6 +178,7 @@ def test_a_missing_upstream_source_fails_before_anything_is_reported() -> None:
     assert sink.summary() == {}
 
 
+@pytest.mark.integration  # an HTTP server on loopback
 def test_a_failing_remote_service_fails_the_node_whole(remote_url: str) -> None:
     executor, config = reward_node({"sources": {"rule": 1.0, "remote": 1.0},
                                     "remote_url": remote_url,

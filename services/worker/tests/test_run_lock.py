@@ -35,6 +35,9 @@ sys.stdin.read()
 """
 
 
+pytestmark = pytest.mark.integration  # the lock holders are driver processes started here
+
+
 def _hold(script: str, *args: str) -> subprocess.Popen[str]:
     holder = subprocess.Popen([sys.executable, "-c", script, *args], text=True,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)

@@ -45,6 +45,9 @@ from dagrl_worker.rollout.vllm_engine import VLLMRollout  # noqa: E402
 TOLERANCE = 1e-4  # fp32 engine vs fp32 HF forward on the same tokens
 
 
+pytestmark = pytest.mark.integration  # a vLLM engine: its own process group, compiled kernels
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tiny_vllm")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -70,6 +71,7 @@ def _run(rank: int, port: int, results: dict) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.integration  # a gloo group of 3 forked processes
 def test_receivers_get_every_tensor_of_the_sender() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
