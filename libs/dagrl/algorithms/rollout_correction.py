@@ -63,8 +63,16 @@ def rollout_mismatch(actor_log_prob: torch.Tensor, rollout_log_prob: torch.Tenso
 @dataclass(frozen=True)
 class ISWeights:
     weights: torch.Tensor  # [B, T] detached, 0 off the mask
-    mean: float  # over the masked tokens
-    clipfrac: float  # share of masked tokens whose weight hit the cap
+    mean_tensor: torch.Tensor  # 0-dim, on the weights' device: the mean over masked tokens
+    clipfrac_tensor: torch.Tensor  # 0-dim: share of masked tokens whose weight hit the cap
+
+    @property
+    def mean(self) -> float:
+        return float(self.mean_tensor)
+
+    @property
+    def clipfrac(self) -> float:
+        return float(self.clipfrac_tensor)
 
 
 def truncated_is_weights(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor,
@@ -83,5 +91,6 @@ def truncated_is_weights(old_log_prob: torch.Tensor, rollout_log_prob: torch.Ten
     ratio = torch.exp(log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))  # [B, T]
     weights = torch.clamp(ratio, max=cap) * keep  # [B, T]
     at_cap = (ratio >= cap).to(keep.dtype)
-    return ISWeights(weights=weights, mean=float(masked_mean(weights, keep)),
-                     clipfrac=float(masked_mean(at_cap, keep)))
+    # left on the device: the training loop brings a micro-batch's metrics over in one go
+    return ISWeights(weights=weights, mean_tensor=masked_mean(weights, keep),
+                     clipfrac_tensor=masked_mean(at_cap, keep))
