@@ -67,6 +67,24 @@ class ExecutorKind(StrEnum):
     CRITIC_UPDATE = "CRITIC_UPDATE"  # CRITIC: the value-function update
 
 
+# How a message names a node of each kind (what to add to a workflow).
+KIND_NODES: Mapping[ExecutorKind, str] = {
+    ExecutorKind.DATA_LOAD: "the step's prompts (every step's batch starts with them)",
+    ExecutorKind.BARRIER: "a BARRIER_SYNC node",
+    ExecutorKind.CUSTOM: "a CUSTOM node (executable_ref)",
+    ExecutorKind.ROLLOUT: "a ROLLOUT node (MODEL_INFERENCE)",
+    ExecutorKind.REWARD_MODEL: "a reward-model node (MODEL_INFERENCE + REWARD)",
+    ExecutorKind.JUDGE: "a judge node (MODEL_INFERENCE + REWARD with config.judge_template)",
+    ExecutorKind.REWARD: "a COMPUTE REWARD node",
+    ExecutorKind.ADVANTAGE: "an ADVANTAGE node",
+    ExecutorKind.DYNAMIC_SAMPLING: "a DYNAMIC_SAMPLING node",
+    ExecutorKind.OLD_LOG_PROB: "an ACTOR node (MODEL_TRAIN) with only_forward_compute: true",
+    ExecutorKind.ACTOR_UPDATE: "an ACTOR node (MODEL_TRAIN)",
+    ExecutorKind.REFERENCE: "a REFERENCE node",
+    ExecutorKind.VALUES: "a CRITIC node (MODEL_TRAIN) with only_forward_compute: true",
+    ExecutorKind.CRITIC_UPDATE: "a CRITIC node (MODEL_TRAIN)",
+}
+
 # The worker's executor classes of each kind: a test holds builder.py to this list.
 EXECUTOR_CLASSES: Mapping[ExecutorKind, tuple[str, ...]] = {
     ExecutorKind.DATA_LOAD: ("PassThroughExecutor",),
@@ -221,3 +239,8 @@ def producers(field: str) -> tuple[ExecutorKind, ...]:
     """The executor kinds that write `field` (empty for a custom field)."""
     spec = FIELDS.get(field)
     return spec.produced_by if spec is not None else ()
+
+
+def producer_nodes(field: str) -> str:
+    """The nodes that would add the built-in `field`, in words ("a REFERENCE node")."""
+    return " or ".join(KIND_NODES[kind] for kind in producers(field))
