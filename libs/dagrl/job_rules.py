@@ -39,7 +39,8 @@ def job_problems(config: JobConfig, graph: TaskGraph) -> list[str]:
     if node_problems:  # the other rules read the nodes' configs
         return node_problems
     return [*_checkpoint_problems(config, graph), *_old_log_prob_problems(config, graph),
-            *batch_field_problems(config, graph), *_model_reward_problems(graph),
+            *batch_field_problems(config, graph), *estimator_problems(config, graph),
+            *_model_reward_problems(graph),
             *_engine_length_problems(config),
             *engine_device_problems(config, {config.trainer.device})]
 
@@ -215,6 +216,23 @@ def batch_field_problems(config: JobConfig, graph: TaskGraph) -> list[str]:
                     f"node {node.node_id!r} ({fields.KIND_NODES[kind]}) reads {field}, but no "
                     f"node upstream of it writes it: add {fields.producer_nodes(field)} before "
                     f"it{_read_because(kind, field)}")
+    return problems
+
+
+def estimator_problems(config: JobConfig, graph: TaskGraph) -> list[str]:
+    """The advantage estimator has one home, `algorithm.adv_estimator`: an ADVANTAGE node's
+    `config.adv_estimator` only states what its workflow is built for, and must agree (it
+    used to win silently)."""
+    chosen = config.algorithm.adv_estimator
+    problems: list[str] = []
+    for node in graph.nodes:
+        stated = node_config(node.node_id, node.config).adv_estimator
+        if stated is not None and stated != chosen:
+            problems.append(
+                f"node {node.node_id!r} sets config.adv_estimator: {stated}, but "
+                f"algorithm.adv_estimator is {chosen}; the estimator is chosen in one place, "
+                f"algorithm.adv_estimator: set it to {stated} (what this workflow is built "
+                "for), or remove the node's config.adv_estimator to run it with another")
     return problems
 
 

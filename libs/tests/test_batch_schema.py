@@ -78,8 +78,9 @@ def test_every_builtin_workflow_reads_only_what_its_nodes_write(name: str) -> No
 
 
 def _estimator(graph: TaskGraph) -> str:
-    """gae where a critic adds values, else grpo."""
-    return "gae" if ExecutorKind.VALUES in {executor_kind(n) for n in graph.nodes} else "grpo"
+    """The estimator the workflow is built for (its ADVANTAGE node says), else grpo."""
+    stated = {n.config["adv_estimator"] for n in graph.nodes if "adv_estimator" in n.config}
+    return stated.pop() if stated else "grpo"
 
 
 GRPO_WITHOUT_REWARD = """\

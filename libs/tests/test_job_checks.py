@@ -117,8 +117,12 @@ def test_old_log_probs_must_come_from_the_same_agent() -> None:
 
 
 # What each built-in workflow is run with besides its name (`examples/` set the same):
-# DAPO trains without a reference (no KL loss).
-BUILTIN_OPTIONS = {"dapo": ("actor_rollout_ref.actor.use_kl_loss=false",)}
+# DAPO trains without a reference (no KL loss); ppo, rloo and reinforce_pp are built for an
+# estimator (`algorithm.adv_estimator`, its one home).
+BUILTIN_OPTIONS = {"dapo": ("actor_rollout_ref.actor.use_kl_loss=false",),
+                   "ppo": ("algorithm.adv_estimator=gae",),
+                   "rloo": ("algorithm.adv_estimator=rloo",),
+                   "reinforce_pp": ("algorithm.adv_estimator=reinforce_plus_plus",)}
 
 
 def test_every_builtin_workflow_passes_with_a_checkpoint() -> None:

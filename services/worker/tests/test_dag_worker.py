@@ -19,9 +19,13 @@ from dagrl_worker.executors.base import Executor, StepContext
 from dagrl_worker.plan_view import PlanView, colocated_plan
 from dagrl_worker.spec import WorkerSpec
 
+# The estimator each built-in workflow is built for (`algorithm.adv_estimator`, its one home).
+ESTIMATORS = {"ppo": "gae", "rloo": "rloo", "reinforce_pp": "reinforce_plus_plus"}
+
 
 def job_yaml(tiny_checkpoint: Path, data: Path, workflow: str, **trainer: object) -> str:
     config = {
+        "algorithm": {"adv_estimator": ESTIMATORS.get(workflow, "grpo")},
         "data": {"train_files": [str(data / "train.parquet")],
                  "val_files": [str(data / "val.parquet")],
                  "train_batch_size": 4, "max_prompt_length": 32, "max_response_length": 4},

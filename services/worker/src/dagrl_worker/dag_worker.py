@@ -205,7 +205,8 @@ class DAGWorker:
                 old_log_probs_in_update=node.only_forward_compute
                 and old_log_probs_in_update(self.graph, node_id, self.config))
         self.router = EdgeRouter(self.graph, self.plan, self.rank, self.data_job,
-                                 self.store, balance_batch=self.config.trainer.balance_batch)
+                                 self.store, balance_batch=self.config.trainer.balance_batch,
+                                 timeout_s=self.config.services.databuffer_wait_s)
         self.model_syncs = plan_model_syncs(self.graph, self.plan, self.rank, self.models,
                                             self.weight_syncs)
         first_step = self._load_checkpoint(resume) if resume else 1
@@ -405,7 +406,8 @@ class DAGWorker:
         assert self.prompts_source is not None
         wanted = validation_nodes(self.graph)
         router = validation_router(self.graph, self.plan, self.rank, self.store,
-                                   validation_namespace(self.data_job, step))
+                                   validation_namespace(self.data_job, step),
+                                   self.config.services.databuffer_wait_s)
         context = StepContext(0, self.rank, self.config, MetricSink(), self.kl_controller,
                               validating=True, policy_version=self.policy_version)
         run = ValidationRun(self.graph, self.plan, [n for n in self.order if n in wanted],

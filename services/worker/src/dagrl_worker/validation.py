@@ -76,11 +76,12 @@ def validation_nodes(graph: TaskGraph) -> set[str]:
 
 
 def validation_router(graph: TaskGraph, plan: PlanView, rank: int, store: ShardStore | None,
-                      namespace: str) -> EdgeRouter:
+                      namespace: str, wait_s: float) -> EdgeRouter:
     """The edges between validation nodes, under a databuffer namespace of their own
-    (`dagrl_databuffer.keys.validation_namespace`)."""
+    (`dagrl_databuffer.keys.validation_namespace`); a node waits `wait_s` for its inputs
+    (`services.databuffer_wait_s`)."""
     return EdgeRouter(graph, plan, rank, namespace, store, balance_batch=False,
-                      running=frozenset(validation_nodes(graph)))
+                      running=frozenset(validation_nodes(graph)), timeout_s=wait_s)
 
 
 def validate_workflow(run: ValidationRun, rows: PromptRows) -> Summary:
