@@ -5,8 +5,10 @@ shape (`dagrl.workflow`); what needs both lives here, so the scheduler (PlanJob,
 `dagrl run` and the worker refuse the same jobs in the same words (`dagrl.rpc.jobspec` calls
 `check_job`). Checks read names and flags only: no path is read and no code is imported.
 
-Owns `PRODUCED_BY` (which node adds each field the built-in executors read) and `model_path`
-(which checkpoint an agent's policy or critic starts from).
+Owns `executor_kind` (which built-in executor runs a node: the worker's `builder` picks the
+same), the batch-field rule (a node reads only built-in fields some node upstream of it writes,
+`dagrl.batch.schema`) and `model_path` (which checkpoint an agent's policy or critic starts
+from).
 """
 
 from __future__ import annotations
@@ -14,22 +16,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
+from dagrl.batch import schema as fields
+from dagrl.batch.schema import ExecutorKind
 from dagrl.config import JobConfig, node_config
 from dagrl.errors import ConfigError
 from dagrl.workflow import Node, NodeRole, NodeType, TaskGraph
 from dagrl.workflow.model_use import MODEL_USE
 
-# The node that adds each field the built-in executors read.
-PRODUCED_BY = {
-    "responses": "a ROLLOUT node (MODEL_INFERENCE)",
-    "token_level_scores": "a COMPUTE REWARD node",
-    "rm_scores": "a reward-model node (MODEL_INFERENCE + REWARD)",
-    "judge_scores": "a judge node (MODEL_INFERENCE + REWARD with config.judge_template)",
-    "advantages": "an ADVANTAGE node",
-    "old_log_probs": "an ACTOR node (MODEL_TRAIN) with only_forward_compute: true",
-    "ref_log_probs": "a REFERENCE node",
-    "values": "a CRITIC node (MODEL_TRAIN) with only_forward_compute: true",
-}
+# The nodes that add each built-in tensor after the prompts, in words (`dagrl.batch.schema`);
+# the worker names them when a node meets a batch without one.
+PRODUCED_BY = {name: fields.producer_nodes(name) for name, spec in fields.FIELDS.items()
+               if not spec.is_column and ExecutorKind.DATA_LOAD not in spec.produced_by}
 
 
 def check_job(config: JobConfig, graph: TaskGraph, source: str | None = None) -> None:
@@ -45,7 +42,9 @@ def job_problems(config: JobConfig, graph: TaskGraph) -> list[str]:
     if node_problems:  # the other rules read the nodes' configs
         return node_problems
     return [*_checkpoint_problems(config, graph), *_old_log_prob_problems(config, graph),
-            *_model_reward_problems(graph), *_engine_length_problems(config),
+            *batch_field_problems(config, graph), *estimator_problems(config, graph),
+            *_model_reward_problems(graph),
+            *_engine_length_problems(config),
             *engine_device_problems(config, {config.trainer.device})]
 
 
@@ -160,6 +159,96 @@ def _old_log_prob_problems(config: JobConfig, graph: TaskGraph) -> list[str]:
                 "old_log_prob node), or set actor_rollout_ref.actor.use_rollout_log_probs: true "
                 "to train on the rollout engine's log-probs")
     return problems
+
+
+def executor_kind(node: Node) -> ExecutorKind | None:
+    """The built-in executor the worker runs `node` with (`builder.build_executor` picks by
+    the same rules), or None for a node no executor runs."""
+    kind, role = node.node_type, node.node_role
+    if node.executable_ref and kind in (NodeType.CUSTOM, NodeType.COMPUTE) and (
+            role == NodeRole.DEFAULT or kind == NodeType.CUSTOM):
+        return ExecutorKind.CUSTOM
+    if kind == NodeType.MODEL_INFERENCE and role == NodeRole.ROLLOUT:
+        return ExecutorKind.ROLLOUT
+    if kind == NodeType.MODEL_INFERENCE and role == NodeRole.REWARD:
+        judge = node_config(node.node_id, node.config).judge_template is not None
+        return ExecutorKind.JUDGE if judge else ExecutorKind.REWARD_MODEL
+    if kind == NodeType.COMPUTE and role == NodeRole.REWARD:
+        return ExecutorKind.REWARD
+    by_role = {NodeRole.ADVANTAGE: ExecutorKind.ADVANTAGE,
+               NodeRole.DYNAMIC_SAMPLING: ExecutorKind.DYNAMIC_SAMPLING,
+               NodeRole.REFERENCE: ExecutorKind.REFERENCE}
+    if role in by_role:
+        return by_role[role]
+    if role == NodeRole.ACTOR:
+        return ExecutorKind.OLD_LOG_PROB if node.only_forward_compute else (
+            ExecutorKind.ACTOR_UPDATE)
+    if role == NodeRole.CRITIC:
+        return ExecutorKind.VALUES if node.only_forward_compute else ExecutorKind.CRITIC_UPDATE
+    return {NodeType.DATA_LOAD: ExecutorKind.DATA_LOAD,
+            NodeType.BARRIER_SYNC: ExecutorKind.BARRIER}.get(kind)
+
+
+def read_options(config: JobConfig) -> fields.ReadOptions:
+    """The job options that decide what the built-in executors read."""
+    return fields.ReadOptions(
+        adv_estimator=config.algorithm.adv_estimator,
+        use_kl_loss=config.actor_rollout_ref.actor.use_kl_loss,
+        rollout_correction=config.algorithm.rollout_correction.mode != "off")
+
+
+def batch_field_problems(config: JobConfig, graph: TaskGraph) -> list[str]:
+    """Each built-in field a node reads (`dagrl.batch.schema`) that no node upstream of it
+    writes, naming the node, the field and the nodes that would write it. Fields only custom
+    code reads are free, and so is everything downstream of a custom node (it may add any
+    field)."""
+    options = read_options(config)
+    problems: list[str] = []
+    for node in graph.nodes:
+        kind = executor_kind(node)
+        if kind is None:
+            continue
+        upstream = {executor_kind(graph[a]) for a in graph.ancestors(node.node_id)}
+        if ExecutorKind.CUSTOM in upstream or None in upstream:
+            continue
+        available = set(fields.STEP_INPUTS).union(
+            *(fields.EXECUTOR_WRITES[k] for k in upstream if k is not None))
+        for field in fields.reads(kind, options):
+            if field not in available:
+                problems.append(
+                    f"node {node.node_id!r} ({fields.KIND_NODES[kind]}) reads {field}, but no "
+                    f"node upstream of it writes it: add {fields.producer_nodes(field)} before "
+                    f"it{_read_because(kind, field)}")
+    return problems
+
+
+def estimator_problems(config: JobConfig, graph: TaskGraph) -> list[str]:
+    """The advantage estimator has one home, `algorithm.adv_estimator`: an ADVANTAGE node's
+    `config.adv_estimator` only states what its workflow is built for, and must agree (it
+    used to win silently)."""
+    chosen = config.algorithm.adv_estimator
+    problems: list[str] = []
+    for node in graph.nodes:
+        stated = node_config(node.node_id, node.config).adv_estimator
+        if stated is not None and stated != chosen:
+            problems.append(
+                f"node {node.node_id!r} sets config.adv_estimator: {stated}, but "
+                f"algorithm.adv_estimator is {chosen}; the estimator is chosen in one place, "
+                f"algorithm.adv_estimator: set it to {stated} (what this workflow is built "
+                "for), or remove the node's config.adv_estimator to run it with another")
+    return problems
+
+
+def _read_because(kind: ExecutorKind, field: str) -> str:
+    """The option that makes `kind` read `field`, as a hint to turn it off instead."""
+    if kind == ExecutorKind.ACTOR_UPDATE and field == fields.REF_LOG_PROBS:
+        return (", or set actor_rollout_ref.actor.use_kl_loss: false (the KL-to-reference "
+                "loss reads them)")
+    if kind == ExecutorKind.ACTOR_UPDATE and field == fields.ROLLOUT_LOG_PROBS:
+        return ", or set algorithm.rollout_correction.mode: off"
+    if kind == ExecutorKind.ADVANTAGE and field == fields.VALUES:
+        return ", or set algorithm.adv_estimator to one without a critic (grpo, rloo, ...)"
+    return ""
 
 
 def _is_actor_update(node: Node) -> bool:

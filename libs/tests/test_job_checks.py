@@ -100,7 +100,7 @@ def test_a_policy_update_without_old_log_probs_upstream_is_refused() -> None:
     assert "actor_rollout_ref.actor.use_rollout_log_probs" in message
     # the rollout engine's log-probs stand in for the forward pass
     validate_job(spec(MODEL, "actor_rollout_ref.actor.use_rollout_log_probs=true",
-                      workflow_yaml=NO_OLD_LOG_PROB))
+                      "actor_rollout_ref.actor.use_kl_loss=false", workflow_yaml=NO_OLD_LOG_PROB))
 
 
 def test_old_log_probs_must_come_from_the_same_agent() -> None:
@@ -116,6 +116,16 @@ def test_old_log_probs_must_come_from_the_same_agent() -> None:
         load_graph(spec(MODEL, workflow_yaml=flow), config)
 
 
+# What each built-in workflow is run with besides its name (`examples/` set the same):
+# DAPO trains without a reference (no KL loss); ppo, rloo and reinforce_pp are built for an
+# estimator (`algorithm.adv_estimator`, its one home).
+BUILTIN_OPTIONS = {"dapo": ("actor_rollout_ref.actor.use_kl_loss=false",),
+                   "ppo": ("algorithm.adv_estimator=gae",),
+                   "rloo": ("algorithm.adv_estimator=rloo",),
+                   "reinforce_pp": ("algorithm.adv_estimator=reinforce_plus_plus",)}
+
+
 def test_every_builtin_workflow_passes_with_a_checkpoint() -> None:
     for name in ("grpo", "ppo", "dapo", "rloo", "reinforce_pp", "two_agent"):
-        validate_job(spec(MODEL, f"workflow.source={name}", "actor_rollout_ref.rollout.n=2"))
+        validate_job(spec(MODEL, f"workflow.source={name}", "actor_rollout_ref.rollout.n=2",
+                          *BUILTIN_OPTIONS.get(name, ())))

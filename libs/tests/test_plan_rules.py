@@ -45,7 +45,8 @@ def test_tensor_parallel_layouts_are_refused_on_cpu_only() -> None:
 
 def test_the_plan_rules_and_the_job_rules_are_listed_together() -> None:
     config = load_job_config(data={"actor_rollout_ref": {"model": {"path": "/m"}}},
-                             overrides=["actor_rollout_ref.actor.use_rollout_log_probs=false"])
+                             overrides=["actor_rollout_ref.actor.use_rollout_log_probs=false",
+                                        "actor_rollout_ref.actor.use_kl_loss=false"])
     dapo = load_workflow("dapo")
     check_planned_job(config, dapo, layouts("dapo"), ["rollout"], on_gpu=False)
     without_old = dapo.to_dict()

@@ -292,7 +292,8 @@ def test_plan_works_without_redis_and_jobs_say_what_is_missing(
         make_server: ServerFactory) -> None:
     client = stub(make_server(redis_url=None))
     plan = client.PlanJob(scheduler_pb2.PlanJobRequest(
-        spec=scheduler_pb2.JobSpec(overrides=["workflow.source=ppo", MODEL]),
+        spec=scheduler_pb2.JobSpec(overrides=["workflow.source=ppo", "algorithm.adv_estimator=gae",
+                                              MODEL]),
         cluster=scheduler_pb2.ClusterSpec(nodes=[scheduler_pb2.ClusterNode(
             name="m", device_count=8, device_kind="H100", device_memory_gib=80)]),
     ), timeout=10).plan

@@ -113,6 +113,7 @@ def test_a_job_that_would_fail_at_launch_is_invalid_argument_naming_the_key(
 def test_the_same_job_with_the_key_fixed_is_planned(
         client: scheduler_pb2_grpc.SchedulerServiceStub) -> None:
     fixed = scheduler_pb2.JobSpec(config_yaml=CONFIG, workflow_yaml=NO_OLD_LOG_PROB,
-                                  overrides=["actor_rollout_ref.actor.use_rollout_log_probs=true"])
+                                  overrides=["actor_rollout_ref.actor.use_rollout_log_probs=true",
+                                             "actor_rollout_ref.actor.use_kl_loss=false"])
     plan = client.PlanJob(scheduler_pb2.PlanJobRequest(spec=fixed), timeout=10).plan
     assert plan.dag_id == "no_old_log_prob" and plan.world_size == 2

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dagrl.algorithm_names import ADVANTAGE_ESTIMATOR_NAMES, require_table_names
 from dagrl.algorithms.errors import (
     AlgorithmError,
     require_ndim,
@@ -292,6 +293,7 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {
     "reinforce_plus_plus": _reinforce_pp,
     "reinforce_plus_plus_baseline": _reinforce_pp_baseline,
 }
+require_table_names(ADVANTAGE_ESTIMATORS, ADVANTAGE_ESTIMATOR_NAMES, "advantage estimator")
 
 
 def compute_advantage(name: str, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:

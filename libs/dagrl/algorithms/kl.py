@@ -13,6 +13,7 @@ from typing import Protocol
 
 import torch
 
+from dagrl.algorithm_names import KL_ESTIMATOR_NAMES, require_table_names
 from dagrl.algorithms.errors import AlgorithmError, require_same_shape, unknown_name_error
 from dagrl.algorithms.masked import masked_mean
 
@@ -47,6 +48,7 @@ KL_ESTIMATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "low_var_kl": _k3,
     "k3": _k3,
 }
+require_table_names(KL_ESTIMATORS, KL_ESTIMATOR_NAMES, "KL estimator")
 
 
 def kl_penalty(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dagrl.algorithm_names import LOSS_AGG_MODES, POLICY_LOSS_NAMES, require_table_names
 from dagrl.algorithms.errors import (
     AlgorithmError,
     require_ndim,
@@ -20,14 +21,6 @@ from dagrl.algorithms.errors import (
     unknown_name_error,
 )
 from dagrl.algorithms.masked import masked_mean, masked_sum
-
-# How `agg_loss` turns a [B, T] loss matrix into a scalar.
-LOSS_AGG_MODES = (
-    "token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum-norm",
-)
 
 # Log-ratio bounds before exp(), as in verl: beyond them the ratio is clipped anyway, and
 # exp() of a large log-ratio would overflow to inf (and inf * 0 = NaN in the loss).
@@ -44,7 +37,8 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, mode: str) -> torc
     - "seq-mean-token-sum-norm": sum within each sequence divided by the constant T, mean over
       sequences (Dr.GRPO, Liu et al. 2025: no length bias). verl sums over sequences instead of
       averaging, which differs by the constant factor B.
-    Sequences with no kept token are left out of the seq-mean modes.
+    Sequences with no kept token are left out of the seq-mean modes. The modes are
+    `LOSS_AGG_MODES` (listed in `dagrl.algorithm_names`: the job config accepts exactly them).
     """
     require_ndim("loss_mat", loss_mat, 2, "[B, T]")
     if mode == "token-mean":
@@ -207,6 +201,7 @@ POLICY_LOSSES: dict[str, PolicyLossFn] = {
     "ppo": compute_policy_loss,
     "gspo": compute_policy_loss_gspo,
 }
+require_table_names(POLICY_LOSSES, POLICY_LOSS_NAMES, "policy loss")
 
 
 def get_policy_loss_fn(name: str) -> PolicyLossFn:

@@ -19,17 +19,15 @@ Pure torch, no I/O. Shapes: [B, T] with `mask` 1 on the policy's tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
+from dagrl.algorithm_names import CORRECTION_LEVELS
 from dagrl.algorithms.errors import AlgorithmError, require_same_shape
 from dagrl.algorithms.masked import masked_mean, masked_sum
 
 # exp() of a log-ratio beyond this overflows float32; the weight is capped far below anyway
 _MAX_LOG_RATIO = 20.0
-
-CorrectionLevel = Literal["token", "sequence"]
 
 
 @dataclass(frozen=True)
@@ -63,12 +61,20 @@ def rollout_mismatch(actor_log_prob: torch.Tensor, rollout_log_prob: torch.Tenso
 @dataclass(frozen=True)
 class ISWeights:
     weights: torch.Tensor  # [B, T] detached, 0 off the mask
-    mean: float  # over the masked tokens
-    clipfrac: float  # share of masked tokens whose weight hit the cap
+    mean_tensor: torch.Tensor  # 0-dim, on the weights' device: the mean over masked tokens
+    clipfrac_tensor: torch.Tensor  # 0-dim: share of masked tokens whose weight hit the cap
+
+    @property
+    def mean(self) -> float:
+        return float(self.mean_tensor)
+
+    @property
+    def clipfrac(self) -> float:
+        return float(self.clipfrac_tensor)
 
 
 def truncated_is_weights(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor,
-                         mask: torch.Tensor, level: CorrectionLevel, cap: float) -> ISWeights:
+                         mask: torch.Tensor, level: str, cap: float) -> ISWeights:
     """w = min(pi_old / pi_rollout, cap) per token, or one per sequence (module docstring)."""
     require_same_shape("rollout_log_prob", rollout_log_prob, "old_log_prob", old_log_prob)
     require_same_shape("mask", mask, "old_log_prob", old_log_prob)
@@ -78,10 +84,12 @@ def truncated_is_weights(old_log_prob: torch.Tensor, rollout_log_prob: torch.Ten
     log_ratio = (old_log_prob - rollout_log_prob).detach() * keep  # [B, T]
     if level == "sequence":
         log_ratio = log_ratio.sum(dim=-1, keepdim=True).expand_as(log_ratio)  # [B, T]
-    elif level != "token":
-        raise AlgorithmError(f"rollout correction level is {level!r}; use token or sequence")
+    elif level != "token" or level not in CORRECTION_LEVELS:
+        raise AlgorithmError(f"rollout correction level is {level!r}; use "
+                             f"{' or '.join(CORRECTION_LEVELS)}")
     ratio = torch.exp(log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))  # [B, T]
     weights = torch.clamp(ratio, max=cap) * keep  # [B, T]
     at_cap = (ratio >= cap).to(keep.dtype)
-    return ISWeights(weights=weights, mean=float(masked_mean(weights, keep)),
-                     clipfrac=float(masked_mean(at_cap, keep)))
+    # left on the device: the training loop brings a micro-batch's metrics over in one go
+    return ISWeights(weights=weights, mean_tensor=masked_mean(weights, keep),
+                     clipfrac_tensor=masked_mean(at_cap, keep))

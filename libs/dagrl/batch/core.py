@@ -22,10 +22,8 @@ from typing import Any
 
 import torch
 
+from dagrl.batch.schema import GROUP_ID, UID
 from dagrl.errors import BatchError
-
-UID = "uid"
-GROUP_ID = "group_id"
 
 
 @dataclass

@@ -19,10 +19,11 @@ from collections.abc import Sequence
 
 import torch
 
+from dagrl.batch import schema as fields
 from dagrl.batch.core import Batch, concat
 
-SEQUENCE_FIELDS = ("input_ids", "attention_mask", "position_ids")  # [B, P + R]
-PROMPT_FIELDS = ("prompts", "prompt_ids", "prompt_mask")  # [B, P]
+SEQUENCE_FIELDS = (fields.INPUT_IDS, fields.ATTENTION_MASK, fields.POSITION_IDS)  # [B, P + R]
+PROMPT_FIELDS = (fields.PROMPTS, fields.PROMPT_IDS, fields.PROMPT_MASK)  # [B, P]
 
 
 def prompt_width(batch: Batch) -> int | None:
@@ -33,7 +34,9 @@ def prompt_width(batch: Batch) -> int | None:
 
 
 def response_width(batch: Batch) -> int | None:
-    return int(batch.tensors["responses"].shape[1]) if "responses" in batch.tensors else None
+    if fields.RESPONSES not in batch.tensors:
+        return None
+    return int(batch.tensors[fields.RESPONSES].shape[1])
 
 
 def pad_to_widths(batch: Batch, prompts: int | None, responses: int | None) -> Batch:

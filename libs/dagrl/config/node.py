@@ -1,7 +1,7 @@
 """Per-node settings: the `config:` mapping of a workflow node, typed.
 
-A node's `config` overrides the job config for that node (e.g. which advantage
-estimator an ADVANTAGE node uses) and tells the scheduler what the node needs
+A node's `config` overrides the job config for that node where a node may differ (its
+checkpoint, a reward node's reward_fn) and tells the scheduler what the node needs
 (`model_params`, parallel sizes, device kind and memory). Unknown keys are errors,
 like everywhere else in the config.
 """
@@ -39,7 +39,9 @@ class NodeConfig:
         None, "checkpoint of this node's agent's policy (ACTOR/ROLLOUT/REFERENCE nodes) or "
         "critic (CRITIC nodes); default: the job's. MODEL_INFERENCE + REWARD: the reward "
         "model (required) or the judge (default: the policy's initial checkpoint)")
-    adv_estimator: AdvEstimator | None = option(None, "ADVANTAGE: overrides algorithm's")
+    adv_estimator: AdvEstimator | None = option(
+        None, "ADVANTAGE: the estimator this workflow is built for; the job's "
+        "algorithm.adv_estimator (the one place it is chosen) must be the same")
     reward_fn: str | None = option(
         None, "COMPUTE REWARD: this node's rule scorer (overrides reward.reward_fn): "
         "math_verify, `module:function` or `path/to/file.py:function`")

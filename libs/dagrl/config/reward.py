@@ -7,7 +7,7 @@ service at `remote_url`), `rm` and `judge` (the scores of a reward-model or LLM-
 upstream). `sources` unset means `{remote: 1.0}` when `remote_url` is set, else `{rule: 1.0}`
 (what a job without a `reward:` section always did). Validation passes score with
 `val_sources`, by default the training sources less the learned ones (`RewardConfig.weights`).
-The README's "Reward sources" lists them.
+docs/rewards.md lists them.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class RewardConfig:
     math_verify_timeout_s: float = option(
         5.0, "seconds one math-verify check may take; one that overruns scores 0")
     remote_url: str | None = option(
-        None, "http(s) URL of a remote reward service (the remote source); see README")
+        None, "http(s) URL of a remote reward service (the remote source); see docs/rewards.md")
     remote: RemoteRewardConfig = nested(RemoteRewardConfig, "calls to remote_url")
     overlong_buffer: OverlongBufferConfig = nested(
         OverlongBufferConfig, "DAPO overlong penalty (training steps only)")

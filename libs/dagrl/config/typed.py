@@ -37,9 +37,12 @@ def option(default: Any, doc: str) -> Any:
     return dataclasses.field(default=default, metadata={"doc": doc})
 
 
-def nested(cls: type, doc: str) -> Any:
-    """A dataclass field holding a nested config section built with its own defaults."""
-    return dataclasses.field(default_factory=cls, metadata={"doc": doc})
+def nested(cls: type, doc: str, **defaults: Any) -> Any:
+    """A dataclass field holding a nested config section built with its own defaults, or with
+    `defaults` for some of its keys here: one section class serves two places that differ
+    only in defaults (training's and validation's sampling)."""
+    return dataclasses.field(default_factory=functools.partial(cls, **defaults),
+                             metadata={"doc": doc, "defaults": defaults})
 
 
 def field_doc(field: dataclasses.Field[Any]) -> str:
@@ -89,10 +92,15 @@ def _build_dataclass(cls: type, data: Any, path: str, problems: list[str]) -> An
             )
     values: dict[str, Any] = {}
     for name, field in fields.items():
+        defaults = field.metadata.get("defaults", {})  # a nested section's own (`nested`)
         if name in data:
-            values[name] = _convert(hints[name], data[name], _join(path, name), problems)
+            given = data[name]
+            if defaults and isinstance(given, Mapping):
+                given = {**defaults, **given}
+            values[name] = _convert(hints[name], given, _join(path, name), problems)
         elif dataclasses.is_dataclass(hints[name]):
-            values[name] = _build_dataclass(hints[name], {}, _join(path, name), problems)
+            values[name] = _build_dataclass(hints[name], dict(defaults), _join(path, name),
+                                            problems)
         elif field.default is _MISSING and field.default_factory is _MISSING:
             values[name] = _FAILED
             problems.append(f"{_join(path, name)}: required key is missing")

@@ -19,16 +19,21 @@ from dagrl_worker.executors.base import Executor, StepContext
 from dagrl_worker.plan_view import PlanView, colocated_plan
 from dagrl_worker.spec import WorkerSpec
 
+# The estimator each built-in workflow is built for (`algorithm.adv_estimator`, its one home).
+ESTIMATORS = {"ppo": "gae", "rloo": "rloo", "reinforce_pp": "reinforce_plus_plus"}
+
 
 def job_yaml(tiny_checkpoint: Path, data: Path, workflow: str, **trainer: object) -> str:
     config = {
+        "algorithm": {"adv_estimator": ESTIMATORS.get(workflow, "grpo")},
         "data": {"train_files": [str(data / "train.parquet")],
                  "val_files": [str(data / "val.parquet")],
                  "train_batch_size": 4, "max_prompt_length": 32, "max_response_length": 4},
         "actor_rollout_ref": {
             "model": {"path": str(tiny_checkpoint)},
             "actor": {"ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_rank": 4,
-                      "optim": {"lr": 1e-3}},
+                      "optim": {"lr": 1e-3},
+                      "use_kl_loss": workflow != "dapo"},  # DAPO has no reference
             "rollout": {"n": 2},
         },
         "critic": {"ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_rank": 4},
@@ -298,14 +303,15 @@ def _grpo_without(tmp_path: Path, node_id: str, parent: str) -> str:
     return str(path)
 
 
-def test_a_field_no_upstream_node_adds_is_a_workflow_error(tiny_checkpoint: Path,
-                                                             tmp_path: Path) -> None:
+def test_a_field_no_upstream_node_adds_is_refused_before_any_model_loads(
+        tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """The job check's batch-field rule (`dagrl.batch.schema`), again on the worker."""
     worker = make_worker(tiny_checkpoint, tmp_path,
                          _grpo_without(tmp_path, "ref_log_prob", "old_log_prob"))
-    worker.init_graph()
-    with pytest.raises(InvalidInputError, match=r"node 'actor_train' reads field "
-                       r"'ref_log_probs'.*add a REFERENCE node upstream"):
-        worker.run_step(1)
+    with pytest.raises(ConfigError, match=r"node 'actor_train' .*reads ref_log_probs, but no "
+                       r"node upstream of it writes it: add a REFERENCE node before it"):
+        worker.init_graph()
+    assert worker.models == {}
 
 
 def test_a_policy_update_without_old_log_probs_is_refused_before_any_model_loads(

@@ -313,7 +313,7 @@ def build_executor(node: Node, models: AgentModels, config: JobConfig, target_gr
         return RewardExecutor(models.tokenizer,
                               build_reward_sources(node.node_id, ref, config.reward))
     if role == NodeRole.ADVANTAGE:
-        return AdvantageExecutor(options.adv_estimator or config.algorithm.adv_estimator)
+        return AdvantageExecutor(config.algorithm.adv_estimator)  # its one home (job check)
     if role == NodeRole.DYNAMIC_SAMPLING:
         return DynamicSamplingExecutor(node.node_id, target_groups)
     if role == NodeRole.ACTOR:

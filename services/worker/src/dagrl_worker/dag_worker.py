@@ -163,7 +163,8 @@ class DAGWorker:
         parts = self.parts
         wanted = evaluation_nodes(self.graph)
         router = evaluation_router(self.graph, self.plan, self.rank, self.store,
-                                   validation_namespace(parts.data_job, step))
+                                   validation_namespace(parts.data_job, step),
+                                   self.config.services.databuffer_wait_s)
         context = parts.runner.step_context(0, MetricSink(), validating=True)
         run = EvaluationRun(self.graph, self.plan, [n for n in parts.where.order if n in wanted],
                             self.walk, router, context)

@@ -22,6 +22,7 @@ import torch
 
 from dagrl import telemetry
 from dagrl.batch import GROUP_ID, UID, Batch
+from dagrl.config import ServicesConfig
 from dagrl.envs import is_chain_rollout, row_origin
 from dagrl.errors import BatchError
 from dagrl.workflow import NodeRole, NodeType, TaskGraph
@@ -65,7 +66,8 @@ class EdgeRouter:
     store: ShardStore | None
     balance_batch: bool = True
     local: dict[str, Batch] = field(default_factory=dict)
-    timeout_s: float = 600.0  # a consumer waits this long for its producers' shards
+    # a consumer waits this long for its producers' shards (services.databuffer_wait_s)
+    timeout_s: float = ServicesConfig.databuffer_wait_s
     # the nodes that run (None: all); a validation pass runs part of the graph, and an edge
     # into a node that does not run is never written (nobody would read it)
     running: frozenset[str] | None = None

@@ -77,11 +77,12 @@ def evaluation_nodes(graph: TaskGraph) -> set[str]:
 
 
 def evaluation_router(graph: TaskGraph, plan: PlanView, rank: int, store: ShardStore | None,
-                      namespace: str) -> EdgeRouter:
+                      namespace: str, wait_s: float) -> EdgeRouter:
     """The edges between evaluation nodes, under a databuffer namespace of their own
-    (`dagrl_databuffer.keys.validation_namespace`)."""
+    (`dagrl_databuffer.keys.validation_namespace`); a node waits `wait_s` for its inputs
+    (`services.databuffer_wait_s`)."""
     return EdgeRouter(graph, plan, rank, namespace, store, balance_batch=False,
-                      running=frozenset(evaluation_nodes(graph)))
+                      running=frozenset(evaluation_nodes(graph)), timeout_s=wait_s)
 
 
 def evaluate(run: EvaluationRun, rows: PromptRows) -> Summary:

@@ -73,7 +73,8 @@ def build_parts(setup: RankSetup, models: dict[int, AgentModels], store: ShardSt
     executors = {n: _executor(setup, models, n) for n in where.order}
     data_job = attempt_namespace(setup.job_id, attempt)
     router = EdgeRouter(where.graph, where.plan, where.rank, data_job, store,
-                        balance_batch=config.trainer.balance_batch)
+                        balance_batch=config.trainer.balance_batch,
+                        timeout_s=config.services.databuffer_wait_s)
     syncs = plan_model_syncs(where.graph, where.plan, where.rank, models,
                              setup.groups.weight_syncs)
     kl = kl_controller(config)

@@ -25,6 +25,7 @@ from typing import Any, cast
 import torch
 
 from dagrl.batch import Batch
+from dagrl.batch import schema as fields
 
 # dense bf16 TFLOP/s by a substring of torch.cuda.get_device_name()
 _GPU_BF16_TFLOPS = (("B200", 2250.0), ("H200", 989.0), ("H100", 989.0), ("H800", 989.0),
@@ -51,7 +52,7 @@ class FlopCounter:
         self.passes = 3 if trains_weights else 2
 
     def forward(self, rows: Batch) -> float:
-        lengths = rows.tensors["attention_mask"].sum(dim=1).double()  # [B]
+        lengths = rows.tensors[fields.ATTENTION_MASK].sum(dim=1).double()  # [B]
         return float(2 * self.matmul_weights * lengths.sum()
                      + 4 * self.attention_width * (lengths ** 2).sum())
 

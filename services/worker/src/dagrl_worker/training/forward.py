@@ -23,6 +23,7 @@ import torch
 
 from dagrl.algorithms import entropy_from_logits, log_probs_from_logits
 from dagrl.batch import Batch
+from dagrl.batch import schema as fields
 
 
 def predicting_outputs(module: torch.nn.Module, batch: Batch,
@@ -32,14 +33,15 @@ def predicting_outputs(module: torch.nn.Module, batch: Batch,
 
     `batch` is on the module's device already (the seam is the caller's: `training.ppo`)."""
     tensors = batch.tensors
-    prompt_width = tensors["prompts"].shape[1]
-    response_width = tensors["responses"].shape[1]
+    prompt_width = tensors[fields.PROMPTS].shape[1]
+    response_width = tensors[fields.RESPONSES].shape[1]
     window = slice(prompt_width - 1, prompt_width - 1 + response_width)
     if not remove_padding:
-        outputs = module(input_ids=tensors["input_ids"], attention_mask=tensors["attention_mask"],
-                         position_ids=tensors["position_ids"], use_cache=False).logits
+        outputs = module(input_ids=tensors[fields.INPUT_IDS],
+                         attention_mask=tensors[fields.ATTENTION_MASK],
+                         position_ids=tensors[fields.POSITION_IDS], use_cache=False).logits
         return outputs[:, window]  # of [B, P+R, X]
-    attended = tensors["attention_mask"].bool()  # [B, P+R]
+    attended = tensors[fields.ATTENTION_MASK].bool()  # [B, P+R]
     device = attended.device
     counts = attended.sum(dim=1).cpu()  # [B]
     bins, slot = _bins(counts.tolist())
@@ -51,8 +53,8 @@ def predicting_outputs(module: torch.nn.Module, batch: Batch,
         offset = 0
         for row in rows:
             n = int(counts[row])
-            ids[index, offset:offset + n] = tensors["input_ids"][row][attended[row]]
-            positions[index, offset:offset + n] = tensors["position_ids"][row][attended[row]]
+            ids[index, offset:offset + n] = tensors[fields.INPUT_IDS][row][attended[row]]
+            positions[index, offset:offset + n] = tensors[fields.POSITION_IDS][row][attended[row]]
             offset += n
         positions[index, offset:] = torch.arange(width - offset, device=device)
     packed = module(input_ids=ids, position_ids=positions, attention_mask=None,
@@ -94,14 +96,23 @@ def response_logits(module: torch.nn.Module, batch: Batch, temperature: float,
 
 
 def response_log_probs(module: torch.nn.Module, batch: Batch, temperature: float,
-                       with_entropy: bool = False, remove_padding: bool = False
+                       with_entropy: bool = False, remove_padding: bool = False,
+                       entropy_grad: bool = True
                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(log-prob of each response token [B, R], entropy [B, R] or None)."""
+    """(log-prob of each response token [B, R], entropy [B, R] or None).
+
+    `entropy_grad: False` computes the entropy without autograd (a metric only, when its
+    loss coefficient is 0): its full-vocabulary softmax is freed at once instead of being
+    kept for a backward that would multiply it by zero."""
     logits = response_logits(module, batch, temperature, remove_padding)  # [B, R, V]
-    responses = batch.tensors["responses"]  # [B, R]
+    responses = batch.tensors[fields.RESPONSES]  # [B, R]
     log_probs = log_probs_from_logits(logits, responses)  # [B, R]
-    entropy = entropy_from_logits(logits) if with_entropy else None  # [B, R]
-    return log_probs, entropy
+    if not with_entropy:
+        return log_probs, None
+    if entropy_grad:
+        return log_probs, entropy_from_logits(logits)  # [B, R]
+    with torch.no_grad():
+        return log_probs, entropy_from_logits(logits.detach())  # [B, R]
 
 
 def response_values(module: torch.nn.Module, batch: Batch,

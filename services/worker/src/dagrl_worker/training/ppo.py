@@ -9,6 +9,11 @@ token-balanced resharding make shards uneven). The loops stay in lock step anywa
   so after DDP averages gradients the update equals the loss aggregated over the whole
   global mini-batch (`token-mean` over every token of every rank, `seq-mean-*` over every
   sequence) — the same update as one big batch on one rank.
+
+What the loop pays for: counts that size a micro-batch are read from its host rows before
+they cross to the device; the metrics of a micro-batch stay on the device until one transfer
+brings them all (`MicroMetrics`): each `float(t)` of a GPU tensor waits for the device. The
+entropy is computed without autograd when `entropy_coeff` is 0 (a metric only).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from dagrl.algorithms import (
     truncated_is_weights,
 )
 from dagrl.batch import Batch
+from dagrl.batch import schema as fields
 from dagrl.config import ActorConfig, CriticConfig, RolloutCorrectionConfig
 from dagrl.errors import ConfigError
 from dagrl_worker.metrics import MetricSink, Reduce
@@ -50,9 +56,43 @@ class MiniBatchPlan:
 
 def _denominator(mask: torch.Tensor, mode: str) -> float:
     """What `agg_loss(mode)` divides by on these rows: tokens, or non-empty sequences."""
+    return float(_denominator_tensor(mask, mode))
+
+
+def _denominator_tensor(mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """`_denominator` left on the rows' device (a 0-dim tensor)."""
     if mode == "token-mean":
-        return float(mask.sum())
-    return float((mask.sum(dim=1) > 0).sum())
+        return mask.sum()
+    return (mask.sum(dim=1) > 0).sum()
+
+
+class MicroMetrics:
+    """One micro-batch's metrics, kept on the device and brought to the host in one transfer
+    (`flush`): the six `float(t)` per micro-batch this replaces each waited for the GPU.
+
+    `add(name, value, reduce, weight)`: `value` and `weight` are 0-dim tensors."""
+
+    def __init__(self) -> None:
+        self._names: list[tuple[str, Reduce]] = []
+        self._tensors: list[torch.Tensor] = []
+
+    def add(self, name: str, value: torch.Tensor, reduce: Reduce,
+            weight: torch.Tensor) -> None:
+        self._names.append((name, reduce))
+        self._tensors.extend((value, weight))
+
+    def flush(self, sink: MetricSink) -> None:
+        """Record every metric in `sink`: one host transfer for all of them."""
+        if not self._names:
+            return
+        device = self._tensors[0].device
+        stacked = torch.stack([t.detach().reshape(()).to(device, torch.float64)
+                               for t in self._tensors])
+        values = stacked.tolist()  # the one sync
+        for index, (name, reduce) in enumerate(self._names):
+            sink.add(name, values[2 * index], reduce, weight=values[2 * index + 1])
+        self._names.clear()
+        self._tensors.clear()
 
 
 def _micro_batches(engine: TrainEngine, mini: Batch,
@@ -64,8 +104,8 @@ def _micro_batches(engine: TrainEngine, mini: Batch,
     return pieces + [None] * (count - len(pieces))
 
 
-_PER_TOKEN_FIELDS = ("old_log_probs", "ref_log_probs", "advantages", "returns", "values",
-                     "rollout_log_probs")
+_PER_TOKEN_FIELDS = (fields.OLD_LOG_PROBS, fields.REF_LOG_PROBS, fields.ADVANTAGES,
+                     fields.RETURNS, fields.VALUES, fields.ROLLOUT_LOG_PROBS)
 
 
 def masked_out_row(template: Batch) -> Batch:
@@ -76,20 +116,24 @@ def masked_out_row(template: Batch) -> Batch:
     """
     if len(template) == 0:
         one = torch.ones(1, 1, dtype=torch.long)
-        tensors = {"prompts": one * 0, "responses": one * 0, "input_ids": one.repeat(1, 2) * 0,
-                   "attention_mask": one.repeat(1, 2), "position_ids": torch.tensor([[0, 1]])}
+        tensors = {fields.PROMPTS: one * 0, fields.RESPONSES: one * 0,
+                   fields.INPUT_IDS: one.repeat(1, 2) * 0,
+                   fields.ATTENTION_MASK: one.repeat(1, 2),
+                   fields.POSITION_IDS: torch.tensor([[0, 1]])}
         tensors.update({name: torch.zeros(1, 1) for name in _PER_TOKEN_FIELDS})
-        return Batch(tensors={**tensors, "response_mask": torch.zeros(1, 1, dtype=torch.long)})
+        return Batch(tensors={**tensors,
+                              fields.RESPONSE_MASK: torch.zeros(1, 1, dtype=torch.long)})
     row = template.slice(0, 1)
-    silent = torch.zeros_like(row.tensors["response_mask"])
-    return row.with_fields(tensors={"response_mask": silent})
+    silent = torch.zeros_like(row.tensors[fields.RESPONSE_MASK])
+    return row.with_fields(tensors={fields.RESPONSE_MASK: silent})
 
 
 @dataclass(frozen=True)
 class MicroStep:
     """One micro-batch's forward + backward, as `run_minibatches` drives it."""
 
-    run: Callable[[Batch, float], None]  # (micro-batch, loss scale) -> backward done
+    run: Callable[[Batch, float, MicroMetrics], None]  # (micro-batch, loss scale, its
+    # metrics) -> backward done
     loss_agg_mode: str  # what the loss scale normalises by (tokens or sequences)
     span_name: str  # each model's micro-steps are traced under a name of their own
     mfu_key: str  # the model's perf/mfu/ metric
@@ -104,25 +148,29 @@ def run_minibatches(engine: TrainEngine, rows: Batch, plan: MiniBatchPlan, step:
     flops, started = 0.0, time.perf_counter()
     for _epoch in range(plan.epochs):
         for mini in rows.chunk(plan.mini_batches):
-            mask = mini.tensors["response_mask"]
+            mask = mini.tensors[fields.RESPONSE_MASK]
             global_denominator = engine.dp.sum(_denominator(mask, mode))[0]
             micros = _micro_batches(engine, mini, plan.micro)
+            metrics = MicroMetrics()
             for index, micro in enumerate(micros):
                 is_padding = micro is None or len(micro) == 0
-                batch = masked_out_row(template) if micro is None or is_padding else micro
-                batch = batch.to(engine.device)  # the seam: host rows onto the device
-                local = 0.0 if is_padding else _denominator(batch.tensors["response_mask"], mode)
+                host = masked_out_row(template) if micro is None or is_padding else micro
+                # counted on the host rows: no wait for the device
+                local = 0.0 if is_padding else _denominator(host.tensors[fields.RESPONSE_MASK],
+                                                            mode)
                 scale = engine.dp.size * local / max(global_denominator, 1.0)
+                batch = host.to(engine.device)  # the seam: host rows onto the device
                 with engine.accumulate(index == len(micros) - 1), telemetry.phase_span(
                         step.span_name) as span, sink.compute():
-                    step.run(batch, scale)
-                    span.add_tokens(int(batch.tensors["response_mask"].sum()))
+                    step.run(batch, scale, metrics)
+                    metrics.flush(sink)
+                    span.add_tokens(int(host.tensors[fields.RESPONSE_MASK].sum()))
                     if not is_padding:
-                        micro_flops = engine.flop_counter.training(batch)
+                        micro_flops = engine.flop_counter.training(host)
                         span.add_flops(int(micro_flops))
                         flops += micro_flops
                 if not is_padding:
-                    record_padding(batch, sink)
+                    record_padding(host, sink)
             with telemetry.phase_span(telemetry.SPAN_OPTIMIZER_STEP), sink.compute():
                 grad_norms.append(engine.optimizer_step())
     elapsed = time.perf_counter() - started
@@ -133,7 +181,7 @@ def run_minibatches(engine: TrainEngine, rows: Batch, plan: MiniBatchPlan, step:
 
 def record_padding(batch: Batch, sink: MetricSink) -> None:
     """How full one micro-batch's [b, prompt + response] slots are with real tokens."""
-    attended = batch.tensors["attention_mask"]  # [b, T]
+    attended = batch.tensors[fields.ATTENTION_MASK]  # [b, T]
     tokens = float(attended.sum())
     slots = float(attended.numel())
     sink.add(telemetry.KEY_PADDING_RATIO, 1.0 - tokens / max(slots, 1.0), Reduce.MEAN,
@@ -153,8 +201,8 @@ class ActorUpdate:
 
 def record_mismatch(actor_log_probs: torch.Tensor, batch: Batch, sink: MetricSink) -> None:
     """`rollout_corr/*`: the engine's log-probs of the sampled tokens against the actor's."""
-    mask = batch.tensors["response_mask"]
-    gap = rollout_mismatch(actor_log_probs, batch.tensors["rollout_log_probs"], mask)
+    mask = batch.tensors[fields.RESPONSE_MASK]
+    gap = rollout_mismatch(actor_log_probs, batch.tensors[fields.ROLLOUT_LOG_PROBS], mask)
     if gap.tokens == 0:
         return
     sink.add(telemetry.KEY_ROLLOUT_CORR_LOG_PPL_DIFF, gap.log_ppl_diff, Reduce.MEAN,
@@ -165,17 +213,17 @@ def record_mismatch(actor_log_probs: torch.Tensor, batch: Batch, sink: MetricSin
 
 def _correction_weights(batch: Batch, old_log_probs: torch.Tensor,
                         correction: RolloutCorrectionConfig,
-                        sink: MetricSink) -> torch.Tensor | None:
+                        metrics: MicroMetrics) -> torch.Tensor | None:
     """Truncated importance weights pi_old / pi_rollout for this micro-batch, or None."""
     if correction.mode == "off":
         return None
-    mask = batch.tensors["response_mask"]
-    weights = truncated_is_weights(old_log_probs, batch.tensors["rollout_log_probs"], mask,
+    mask = batch.tensors[fields.RESPONSE_MASK]
+    weights = truncated_is_weights(old_log_probs, batch.tensors[fields.ROLLOUT_LOG_PROBS], mask,
                                    correction.mode, correction.tis_imp_ratio_cap)
-    tokens = float(mask.sum())
-    sink.add(telemetry.KEY_ROLLOUT_CORR_TIS_MEAN, weights.mean, Reduce.MEAN, weight=tokens)
-    sink.add(telemetry.KEY_ROLLOUT_CORR_TIS_CLIPFRAC, weights.clipfrac, Reduce.MEAN,
-             weight=tokens)
+    tokens = mask.sum()
+    metrics.add(telemetry.KEY_ROLLOUT_CORR_TIS_MEAN, weights.mean_tensor, Reduce.MEAN, tokens)
+    metrics.add(telemetry.KEY_ROLLOUT_CORR_TIS_CLIPFRAC, weights.clipfrac_tensor, Reduce.MEAN,
+                tokens)
     return weights.weights
 
 
@@ -193,50 +241,48 @@ def update_actor(engine: TrainEngine, rows: Batch, update: ActorUpdate, plan: Mi
     mode = config.loss_agg_mode
     steps_before = engine.steps_taken
     # no old-log-prob pass measured the engine's gap: measure it before the first step
-    from_update = "old_log_probs" not in rows
+    from_update = fields.OLD_LOG_PROBS not in rows
     measure_gap = ((config.use_rollout_log_probs or from_update)
-                   and "rollout_log_probs" in rows)
+                   and fields.ROLLOUT_LOG_PROBS in rows)
     if from_update and (plan.mini_batches != 1 or plan.epochs != 1):
         raise ConfigError("old log-probs can come from the update's own forward only when it "
                          f"is one mini-batch for one epoch, not {plan.mini_batches} x "
                          f"{plan.epochs}: run the old-log-prob pass")
 
-    def micro_step(batch: Batch, scale: float) -> None:
-        mask = batch.tensors["response_mask"].float()  # [b, R]
+    def micro_step(batch: Batch, scale: float, metrics: MicroMetrics) -> None:
+        mask = batch.tensors[fields.RESPONSE_MASK].float()  # [b, R]
         with engine.compute():
             log_prob, entropy = response_log_probs(engine.module, batch, temperature,
                                                    with_entropy=True,
-                                                   remove_padding=update.remove_padding)
+                                                   remove_padding=update.remove_padding,
+                                                   entropy_grad=config.entropy_coeff != 0)
         if measure_gap and engine.steps_taken == steps_before:
             record_mismatch(log_prob.detach(), batch, sink)
-        old = log_prob.detach() if from_update else batch.tensors["old_log_probs"]
-        pg_loss, stats = policy_loss(old, log_prob, batch.tensors["advantages"], mask,
+        old = log_prob.detach() if from_update else batch.tensors[fields.OLD_LOG_PROBS]
+        pg_loss, stats = policy_loss(old, log_prob, batch.tensors[fields.ADVANTAGES], mask,
                                      loss_config,
-                                     _correction_weights(batch, old, update.correction, sink))
+                                     _correction_weights(batch, old, update.correction, metrics))
         loss = pg_loss
-        tokens = float(mask.sum())
+        tokens = mask.sum()
         # the losses' own denominator: their mean over micro-batches is the mini-batch's loss
         # however the rows were cut (tokens for token-mean, sequences for seq-mean-*)
-        counted = _denominator(batch.tensors["response_mask"], mode)
+        counted = _denominator_tensor(batch.tensors[fields.RESPONSE_MASK], mode)
         if entropy is not None:
             entropy_loss = agg_loss(entropy, mask, mode)
-            loss = loss - config.entropy_coeff * entropy_loss
-            sink.add(telemetry.KEY_ACTOR_ENTROPY, float(entropy_loss.detach()), Reduce.MEAN,
-                     weight=counted)
+            if config.entropy_coeff != 0:
+                loss = loss - config.entropy_coeff * entropy_loss
+            metrics.add(telemetry.KEY_ACTOR_ENTROPY, entropy_loss, Reduce.MEAN, counted)
         if config.use_kl_loss:
-            kl = kl_penalty(log_prob, batch.tensors["ref_log_probs"], config.kl_loss_type)
+            kl = kl_penalty(log_prob, batch.tensors[fields.REF_LOG_PROBS], config.kl_loss_type)
             kl_loss = agg_loss(kl, mask, mode)
             loss = loss + config.kl_loss_coef * kl_loss
-            sink.add(telemetry.KEY_ACTOR_KL_LOSS, float(kl_loss.detach()), Reduce.MEAN,
-                     weight=counted)
+            metrics.add(telemetry.KEY_ACTOR_KL_LOSS, kl_loss, Reduce.MEAN, counted)
         (loss * scale).backward()
-        sink.add(telemetry.KEY_ACTOR_PG_LOSS, float(pg_loss.detach()), Reduce.MEAN,
-                 weight=counted)
-        sink.add(telemetry.KEY_ACTOR_PG_CLIPFRAC, float(stats.pg_clipfrac), Reduce.MEAN,
-                 weight=tokens)
-        sink.add(telemetry.KEY_ACTOR_PG_CLIPFRAC_LOWER, float(stats.pg_clipfrac_lower), Reduce.MEAN,
-                 weight=tokens)
-        sink.add(telemetry.KEY_ACTOR_PPO_KL, float(stats.ppo_kl), Reduce.MEAN, weight=tokens)
+        metrics.add(telemetry.KEY_ACTOR_PG_LOSS, pg_loss, Reduce.MEAN, counted)
+        metrics.add(telemetry.KEY_ACTOR_PG_CLIPFRAC, stats.pg_clipfrac, Reduce.MEAN, tokens)
+        metrics.add(telemetry.KEY_ACTOR_PG_CLIPFRAC_LOWER, stats.pg_clipfrac_lower, Reduce.MEAN,
+                    tokens)
+        metrics.add(telemetry.KEY_ACTOR_PPO_KL, stats.ppo_kl, Reduce.MEAN, tokens)
 
     step = MicroStep(micro_step, mode, telemetry.SPAN_ACTOR_FORWARD_BACKWARD,
                      telemetry.KEY_MFU_ACTOR)
@@ -250,19 +296,18 @@ def update_critic(engine: TrainEngine, rows: Batch, config: CriticConfig,
     """PPO value-function update with value clipping around the rollout-time values."""
     mode = config.loss_agg_mode
 
-    def micro_step(batch: Batch, scale: float) -> None:
-        mask = batch.tensors["response_mask"].float()  # [b, R]
+    def micro_step(batch: Batch, scale: float, metrics: MicroMetrics) -> None:
+        mask = batch.tensors[fields.RESPONSE_MASK].float()  # [b, R]
         with engine.compute():
             values = response_values(engine.module, batch,
                                      config.model.use_remove_padding)  # [b, R]
         vf_loss, vf_clipfrac = compute_value_loss(
-            values, batch.tensors["returns"], batch.tensors["values"], mask,
+            values, batch.tensors[fields.RETURNS], batch.tensors[fields.VALUES], mask,
             config.cliprange_value, mode)
         (vf_loss * scale).backward()
-        tokens = float(mask.sum())
-        sink.add(telemetry.KEY_CRITIC_VF_LOSS, float(vf_loss.detach()), Reduce.MEAN,
-                 weight=_denominator(batch.tensors["response_mask"], mode))
-        sink.add(telemetry.KEY_CRITIC_VF_CLIPFRAC, float(vf_clipfrac), Reduce.MEAN, weight=tokens)
+        metrics.add(telemetry.KEY_CRITIC_VF_LOSS, vf_loss, Reduce.MEAN,
+                    _denominator_tensor(batch.tensors[fields.RESPONSE_MASK], mode))
+        metrics.add(telemetry.KEY_CRITIC_VF_CLIPFRAC, vf_clipfrac, Reduce.MEAN, mask.sum())
 
     step = MicroStep(micro_step, mode, telemetry.SPAN_CRITIC_FORWARD_BACKWARD,
                      telemetry.KEY_MFU_CRITIC)
@@ -323,7 +368,7 @@ def forward_in_micro_batches(target: ForwardTarget | torch.nn.Module, rows: Batc
                 forward(module, masked_out_row(rows).to(target.device))
     finally:
         module.train(was_training)
-    width = rows.tensors["responses"].shape[1]
+    width = rows.tensors[fields.RESPONSES].shape[1]
     if not outputs:
         return torch.zeros(0, width)
     if micro.max_tokens is None:

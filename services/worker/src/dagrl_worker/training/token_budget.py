@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from dagrl.batch import Batch
+from dagrl.batch import schema as fields
 from dagrl.batch.layout import PROMPT_FIELDS, SEQUENCE_FIELDS
 
 
@@ -47,7 +48,7 @@ class MicroBatching:
 
 def row_tokens(rows: Batch) -> torch.Tensor:
     """Real (attended) tokens of each row, prompt and response. # [B]"""
-    return rows.tensors["attention_mask"].sum(dim=1)
+    return rows.tensors[fields.ATTENTION_MASK].sum(dim=1)
 
 
 def pack_rows(rows: Batch, max_tokens: int) -> list[list[int]]:
@@ -73,9 +74,9 @@ def trim_padding(batch: Batch) -> Batch:
     [B, P + R] tensor. A tensor of another width leaves the batch as it is."""
     if len(batch) == 0:
         return batch
-    prompt_width = batch.tensors["prompts"].shape[1]
-    response_width = batch.tensors["responses"].shape[1]
-    attended = batch.tensors["attention_mask"].bool()  # [B, P + R]
+    prompt_width = batch.tensors[fields.PROMPTS].shape[1]
+    response_width = batch.tensors[fields.RESPONSES].shape[1]
+    attended = batch.tensors[fields.ATTENTION_MASK].bool()  # [B, P + R]
     in_prompt = attended[:, :prompt_width].any(dim=0)  # [P]
     in_response = attended[:, prompt_width:].any(dim=0)  # [R]
     first = int(in_prompt.nonzero()[0]) if bool(in_prompt.any()) else prompt_width - 1

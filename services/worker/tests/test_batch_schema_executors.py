@@ -1,0 +1,115 @@
+"""The batch schema's declarations (`dagrl.batch.schema`) against the worker's executors:
+every executor `builder.build_executor` can build belongs to a declared kind, each node gets
+an executor of the kind the job check assumes (`dagrl.job_rules.executor_kind`), and what the
+real executors add to a tiny batch has the declared dtype and shape."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from dagrl.algorithms import FixedKLController
+from dagrl.batch import Batch
+from dagrl.batch import schema as fields
+from dagrl.batch.schema import ExecutorKind
+from dagrl.config import JobConfig, build
+from dagrl.job_rules import executor_kind
+from dagrl.models import build_char_tokenizer, encode_chat_prompt, load_model_and_tokenizer
+from dagrl.workflow import Node, NodeRole, NodeType, list_builtin_workflows, load_workflow
+from dagrl_worker import builder
+from dagrl_worker.executors.base import AgentModels, StepContext
+from dagrl_worker.executors.compute import AdvantageExecutor
+from dagrl_worker.metrics import MetricSink
+from dagrl_worker.prompts import prompts_to_batch
+from dagrl_worker.rollout import HFRollout, SamplingParams
+from dagrl_worker.training.ppo import compute_log_probs
+from dagrl_worker.training.token_budget import MicroBatching
+
+
+def _built_classes() -> set[str]:
+    """Every `...Executor(...)` builder.py constructs (read from its source)."""
+    tree = ast.parse(Path(inspect.getfile(builder)).read_text())
+    return {node.func.id for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id.endswith("Executor")}
+
+
+def test_every_executor_the_builder_builds_has_a_declared_kind() -> None:
+    declared = {name for names in fields.EXECUTOR_CLASSES.values() for name in names}
+    assert _built_classes() == declared
+
+
+_T, _R = NodeType, NodeRole
+NODES = [
+    Node("load", _T.DATA_LOAD, _R.DEFAULT),
+    Node("wait", _T.BARRIER_SYNC, _R.DEFAULT),
+    Node("mine", _T.CUSTOM, _R.DEFAULT, executable_ref="dagrl.batch.core:concat"),
+    Node("rm", _T.MODEL_INFERENCE, _R.REWARD, config={"model_path": "/rm"}),
+    Node("judge", _T.MODEL_INFERENCE, _R.REWARD, config={"judge_template": "{response}"}),
+    Node("critic_on_engine", _T.MODEL_INFERENCE, _R.CRITIC),
+]
+
+
+def _every_node() -> list[Node]:
+    builtin = [node for name in list_builtin_workflows() for node in load_workflow(name).nodes]
+    return builtin + NODES
+
+
+@pytest.mark.parametrize("node", _every_node(), ids=lambda n: n.node_id)
+def test_each_node_gets_an_executor_of_the_kind_the_job_check_assumes(node: Node) -> None:
+    something: Any = SimpleNamespace(has_lora=False)  # stands in for every model
+    models = AgentModels(tokenizer=build_char_tokenizer(), actor=something, rollout=something,
+                         reference=something, critic=something,
+                         reward_models={"rm": something},
+                         judges={"judge": something})
+    executor = builder.build_executor(node, models, build(JobConfig, {}), target_groups=1,
+                                      group=None)
+    kind = executor_kind(node)
+    assert kind is not None
+    assert type(executor).__name__ in fields.EXECUTOR_CLASSES[kind]
+
+
+def _sizes(batch: Batch, prompt: int, response: int) -> dict[str, int]:
+    return {fields.BATCH: len(batch), fields.PROMPT: prompt, fields.RESPONSE: response,
+            fields.SEQUENCE: prompt + response}
+
+
+def _check(batch: Batch, names: tuple[str, ...], prompt: int, response: int) -> None:
+    sizes = _sizes(batch, prompt, response)
+    for name in names:
+        spec, tensor = fields.FIELDS[name], batch.tensors[name]
+        assert str(tensor.dtype) == f"torch.{spec.dtype}", name
+        assert tuple(tensor.shape) == tuple(sizes[d] for d in spec.shape), name
+
+
+def test_what_the_executors_add_has_the_declared_dtype_and_shape(tiny_checkpoint: Path) -> None:
+    torch.manual_seed(0)
+    model, tokenizer = load_model_and_tokenizer(tiny_checkpoint)
+    texts = ["3+4=", "15+6="]
+    prompts = prompts_to_batch({
+        "prompt_ids": [encode_chat_prompt(tokenizer, [{"role": "user", "content": t}])
+                       for t in texts], "index": [0, 1], "ground_truth": ["7", "21"]},
+        tokenizer.pad_token_id, "s0")
+    width = prompts.tensors[fields.PROMPT_IDS].shape[1]
+    _check(prompts, (fields.PROMPT_IDS, fields.PROMPT_MASK), width, 0)
+    assert set(fields.STEP_INPUTS) <= set(prompts.field_names)
+    rollout = HFRollout(model, tokenizer).generate(prompts, SamplingParams(n=2, max_new_tokens=5))
+    _check(rollout, fields.EXECUTOR_WRITES[ExecutorKind.ROLLOUT], width, 5)
+    log_probs = compute_log_probs(model, rollout, MicroBatching(2), temperature=1.0)
+    scores = torch.zeros(len(rollout), 5)
+    scores[:, 0] = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    rows = rollout.with_fields(tensors={fields.OLD_LOG_PROBS: log_probs,
+                                        fields.REF_LOG_PROBS: log_probs,
+                                        fields.TOKEN_LEVEL_SCORES: scores})
+    _check(rows, (fields.OLD_LOG_PROBS, fields.REF_LOG_PROBS), width, 5)
+    config = build(JobConfig, {})
+    ctx = StepContext(step=1, rank=0, config=config, sink=MetricSink(),
+                      kl_controller=FixedKLController(0.0))
+    out = AdvantageExecutor("grpo").run(rows, ctx)
+    _check(out, fields.EXECUTOR_WRITES[ExecutorKind.ADVANTAGE], width, 5)
