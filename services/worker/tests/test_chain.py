@@ -66,10 +66,10 @@ def answer_7_then_9(context: str) -> str:
 
 
 def run_agent(node: Node, backend: Any, batch: Batch) -> tuple[Batch, Any]:
-    executor = build_executor(node, AgentModels(tokenizer=TOKENIZER, rollout=backend), None,
-                              1, None)
     config = load_job_config(data={"data": {"max_response_length": 128},
                                    "actor_rollout_ref": {"rollout": {"n": 2}}})
+    executor = build_executor(node, AgentModels(tokenizer=TOKENIZER, rollout=backend), config,
+                              1, None)
     ctx = StepContext(step=1, rank=0, config=config, sink=MetricSink(),
                       kl_controller=FixedKLController(0.0))
     return executor.run(batch, ctx), executor

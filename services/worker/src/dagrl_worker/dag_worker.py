@@ -51,12 +51,11 @@ from dagrl_worker.config import WorkerSettings
 from dagrl_worker.dataflow import EdgeRouter, ShardStore, join_by_uid
 from dagrl_worker.device import RankDevice, device_problems, device_warnings, rank_device
 from dagrl_worker.executors.base import AgentModels, Executor, StepContext
+from dagrl_worker.executors.log_probs import old_log_probs_in_update
 from dagrl_worker.metrics import MetricSink, Reduce, Summary
 from dagrl_worker.plan_view import PlanView
-from dagrl_worker.prompt_source import PromptSource
-from dagrl_worker.prompts import dp_slice, prompts_to_batch
+from dagrl_worker.prompts import PromptSource, dp_slice, prompts_to_batch
 from dagrl_worker.rank_sides import rank_sides
-from dagrl_worker.redundant_passes import old_log_probs_in_update
 from dagrl_worker.sample_ledger import SampleLedger
 from dagrl_worker.spec import WorkerSpec
 from dagrl_worker.staleness import (
