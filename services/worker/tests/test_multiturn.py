@@ -19,10 +19,10 @@ from dagrl.errors import ConfigError
 from dagrl.models import build_char_tokenizer, load_tokenizer
 from dagrl.models.tokenizer import encode_chat_prompt
 from dagrl.workflow import Node, NodeRole, NodeType, load_workflow
-from dagrl_worker.builder import build_executor
 from dagrl_worker.dag_worker import DAGWorker
 from dagrl_worker.executors.base import AgentModels, StepContext
 from dagrl_worker.executors.multiturn import MultiTurnRolloutExecutor
+from dagrl_worker.executors.table import build_executor
 from dagrl_worker.metrics import MetricSink, merge
 from dagrl_worker.plan_view import colocated_plan
 from dagrl_worker.prompts import prompts_to_batch

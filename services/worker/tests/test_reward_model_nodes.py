@@ -20,8 +20,9 @@ from dagrl.errors import ConfigError, RewardError
 from dagrl.job_rules import job_problems
 from dagrl.models import build_char_tokenizer, encode_chat_prompt
 from dagrl.workflow import parse_workflow
-from dagrl_worker.builder import build_agent_models, build_executor
+from dagrl_worker.builder import build_agent_models
 from dagrl_worker.executors.base import StepContext
+from dagrl_worker.executors.table import build_executor
 from dagrl_worker.metrics import MetricSink
 from dagrl_worker.plan_view import PlanView
 from dagrl_worker.prompts import prompts_to_batch

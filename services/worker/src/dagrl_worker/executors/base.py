@@ -22,6 +22,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from dagrl.algorithms import KLController
 from dagrl.batch import Batch
 from dagrl.config import JobConfig
+from dagrl.errors import InvalidInputError
 from dagrl_worker.metrics import MetricSink
 from dagrl_worker.rewards.scorers import Judge, RewardModel
 from dagrl_worker.rollout import RolloutBackend
@@ -70,6 +71,10 @@ class StepContext:
     # updates behind the policy weights this rank holds (`staleness`): a rollout's samples
     # carry it, an update compares its samples' versions with it
     policy_version: int = 0
+
+
+class UnsupportedNodeError(InvalidInputError):
+    """A node this worker version cannot execute (named, with what to use instead)."""
 
 
 class Executor(Protocol):
