@@ -69,13 +69,14 @@ def build_executor(node: Node, models: AgentModels, config: JobConfig, target_gr
     problems = agent_node_problems(node)
     if problems:
         raise ConfigError(problems)
+    options = node_config(node.node_id, node.config)  # checked for every node, CUSTOM too
     kind, role = node.node_type, node.node_role
     if node.executable_ref and kind in (NodeType.CUSTOM, NodeType.COMPUTE) and (
             role in (NodeRole.DEFAULT,) or kind == NodeType.CUSTOM):
         function = cast(Callable[[Batch, StepContext], Batch], resolve_ref(node.executable_ref))
         return CustomExecutor(node.node_id, function)
-    inputs = _NodeInputs(node, node_config(node.node_id, node.config), models, config,
-                         target_groups, group, old_log_probs_in_update)
+    inputs = _NodeInputs(node, options, models, config, target_groups, group,
+                         old_log_probs_in_update)
     for row_kind, row_role, build in _EXECUTORS:
         if row_kind in (None, kind) and row_role in (None, role):
             return build(inputs)
