@@ -1,13 +1,13 @@
 """What every node executor sees: the step context and the rank's models.
 
-An executor is a plain object with `run(batch, ctx) -> Batch`: it reads the fields it
-needs from its input Batch and returns the Batch with the fields it adds. It is built once
-(`builder.build_executor`) with the settings it uses, so its constructor shows what it depends
-on; `StepContext` carries only what changes per step (the step, the metric sink, whether this
-is a validation pass, ...). Executors
-never talk to Ray, Redis or other ranks' data; the DAGWorker moves Batches between
-them. Models (the policy engine, the reference, the critic, reward models and judges) live
-in `AgentModels`, one per agent group, built once in `init_graph`.
+An executor is a plain object with `run(batch, ctx) -> Batch`: it reads the fields it needs
+from its input Batch and returns the Batch with the fields it adds. It is built once
+(`table.build_executor`) with the settings it uses, so its constructor shows what it depends
+on; `StepContext` carries what changes per step (the step, the metric sink, whether this is a
+validation pass, ...) and the job config for CUSTOM nodes' functions only. Executors never
+talk to Ray, Redis or other ranks' data; the DAGWorker moves Batches between them. Models (the
+policy engine, the reference, the critic, reward models and judges) live in `AgentModels`, one
+per agent group, built once in `init_graph`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Executors of the trained models' nodes: the critic's values, the actor and critic updates.
 
 Each is built with the settings it uses (`ActorUpdate` and a `MiniBatchPlan`, the critic's
-section and plan), made from the job config once by `builder`; the log-prob passes are
-`log_probs.py`'s, the rollouts `rollout.py`'s.
+section and plan), made from the job config once by `table.build_executor`; the log-prob
+passes are `log_probs.py`'s, the rollouts `rollout.py`'s.
 """
 
 from __future__ import annotations

@@ -18,5 +18,6 @@ What lives where, and why:
   - `combine.py`: the COMPUTE REWARD node itself, which weighs the sources (plus the overlong
     penalty) into `token_level_scores`.
 
-A reward node's executor is built once, with its settings, by `builder.build_executor`.
+A reward node's executor is built once, with its settings, by
+`dagrl_worker.executors.table.build_executor`.
 """
