@@ -162,7 +162,7 @@ def _old_log_prob_problems(config: JobConfig, graph: TaskGraph) -> list[str]:
 
 
 def executor_kind(node: Node) -> ExecutorKind | None:
-    """The built-in executor the worker runs `node` with (`builder.build_executor` picks by
+    """The built-in executor the worker runs `node` with (`executors.table.build_executor` picks by
     the same rules), or None for a node no executor runs."""
     kind, role = node.node_type, node.node_role
     if node.executable_ref and kind in (NodeType.CUSTOM, NodeType.COMPUTE) and (

@@ -5,9 +5,9 @@ freely); this module names the fields dagrl's own executors exchange: their shap
 node adds them and a one-line doc. Code writes `fields.RESPONSE_MASK`, not `"response_mask"`.
 
 `EXECUTOR_READS` / `EXECUTOR_WRITES` say, per built-in executor kind (the node kinds the
-worker's `builder.build_executor` maps), which fields it needs and adds; `reads` adds those that
-depend on the job's options. The job check (`dagrl.job_rules`) refuses a workflow whose node
-reads a built-in field no node upstream of it writes. Shapes use the dims `batch` (samples),
+worker's `executors.table.build_executor` maps), which fields it needs and adds; `reads` adds
+those that depend on the job's options. The job check (`dagrl.job_rules`) refuses a workflow
+whose node reads a built-in field no node upstream of it writes. Shapes use the dims `batch` (samples),
 `prompt` (P, left-padded), `response` (R, right-padded) and `sequence` (P + R).
 
 Torch-free on purpose: the scheduler runs the job check without torch (dtypes are torch's
@@ -49,7 +49,8 @@ GROUND_TRUTH = "ground_truth"
 
 
 class ExecutorKind(StrEnum):
-    """The built-in executors, as `builder.build_executor` picks them by node type and role."""
+    """The built-in executors, as `executors.table.build_executor` picks them by node type and
+    role."""
 
     DATA_LOAD = "DATA_LOAD"  # DATA_LOAD: the step's prompts enter unchanged
     BARRIER = "BARRIER"  # BARRIER_SYNC: waits for the other ranks

@@ -14,9 +14,9 @@ from dagrl.config import load_job_config
 from dagrl.errors import ConfigError
 from dagrl.models import load_tokenizer
 from dagrl.workflow import Node, NodeRole, NodeType
-from dagrl_worker.builder import build_executor
 from dagrl_worker.executors.agent import AgentError, AgentRolloutExecutor
 from dagrl_worker.executors.base import AgentModels, StepContext
+from dagrl_worker.executors.table import build_executor
 from dagrl_worker.metrics import MetricSink
 from dagrl_worker.prompts import prompts_to_batch
 from dagrl_worker.rollout import HFRollout
@@ -60,11 +60,13 @@ def models(tiny_checkpoint: Path) -> AgentModels:
     return AgentModels(tokenizer=tokenizer, rollout=HFRollout(module.eval(), tokenizer))
 
 
+CONFIG = load_job_config(data={"data": {"max_response_length": 64},
+                               "actor_rollout_ref": {"rollout": {"n": 2}}})
+
+
 def step(models: AgentModels, executor: AgentRolloutExecutor, modes: list[str]
          ) -> tuple[object, StepContext]:
-    config = load_job_config(data={"data": {"max_response_length": 64},
-                                   "actor_rollout_ref": {"rollout": {"n": 2}}})
-    ctx = StepContext(step=1, rank=0, config=config, sink=MetricSink(),
+    ctx = StepContext(step=1, rank=0, config=CONFIG, sink=MetricSink(),
                       kl_controller=FixedKLController(0.0), policy_version=4)
     question = [{"role": "user", "content": "3+4="}]
     rows = {"prompt_ids": [[1]] * len(modes), "index": list(range(len(modes))),
@@ -82,7 +84,7 @@ def test_failed_and_hung_episodes_are_counted_and_left_out(models: AgentModels,
                                                            ) -> None:
     (tmp_path / "agents.py").write_text(AGENTS)
     executor = build_executor(node(f"{tmp_path}/agents.py:agent", episode_timeout_s=20),
-                              models, None, 1, None)
+                              models, CONFIG, 1, None)
     assert isinstance(executor, AgentRolloutExecutor)
     out, ctx = step(models, executor, ["ok", "raise", "hang", "ok"])
     # 2 episodes per prompt; those of prompts 1 (raised) and 2 (hung) are not trained
@@ -102,7 +104,7 @@ def test_a_step_where_every_episode_failed_names_the_agent_and_the_error(
         models: AgentModels, tmp_path: Path) -> None:
     (tmp_path / "agents.py").write_text(AGENTS)
     ref = f"{tmp_path}/agents.py:agent"
-    executor = build_executor(node(ref), models, None, 1, None)
+    executor = build_executor(node(ref), models, CONFIG, 1, None)
     with pytest.raises(AgentError, match="ValueError: the tool crashed on 1") as failed:
         step(models, executor, ["raise"])
     assert ref in str(failed.value)
@@ -111,4 +113,4 @@ def test_a_step_where_every_episode_failed_names_the_agent_and_the_error(
 def test_an_agent_that_is_not_async_is_refused(models: AgentModels, tmp_path: Path) -> None:
     (tmp_path / "agents.py").write_text(AGENTS)
     with pytest.raises(ConfigError, match="async def"):
-        build_executor(node(f"{tmp_path}/agents.py:not_async"), models, None, 1, None)
+        build_executor(node(f"{tmp_path}/agents.py:not_async"), models, CONFIG, 1, None)

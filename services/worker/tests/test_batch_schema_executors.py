@@ -1,5 +1,5 @@
 """The batch schema's declarations (`dagrl.batch.schema`) against the worker's executors:
-every executor `builder.build_executor` can build belongs to a declared kind, each node gets
+every executor `executors.table.build_executor` can build belongs to a declared kind, each node gets
 an executor of the kind the job check assumes (`dagrl.job_rules.executor_kind`), and what the
 real executors add to a tiny batch has the declared dtype and shape."""
 
@@ -22,9 +22,9 @@ from dagrl.config import JobConfig, build
 from dagrl.job_rules import executor_kind
 from dagrl.models import build_char_tokenizer, encode_chat_prompt, load_model_and_tokenizer
 from dagrl.workflow import Node, NodeRole, NodeType, list_builtin_workflows, load_workflow
-from dagrl_worker import builder
+from dagrl_worker.executors import table
 from dagrl_worker.executors.base import AgentModels, StepContext
-from dagrl_worker.executors.compute import AdvantageExecutor
+from dagrl_worker.executors.compute import AdvantageExecutor, AdvantageSettings
 from dagrl_worker.metrics import MetricSink
 from dagrl_worker.prompts import prompts_to_batch
 from dagrl_worker.rollout import HFRollout, SamplingParams
@@ -33,8 +33,8 @@ from dagrl_worker.training.token_budget import MicroBatching
 
 
 def _built_classes() -> set[str]:
-    """Every `...Executor(...)` builder.py constructs (read from its source)."""
-    tree = ast.parse(Path(inspect.getfile(builder)).read_text())
+    """Every `...Executor(...)` executors/table.py constructs (read from its source)."""
+    tree = ast.parse(Path(inspect.getfile(table)).read_text())
     return {node.func.id for node in ast.walk(tree)
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
             and node.func.id.endswith("Executor")}
@@ -68,8 +68,8 @@ def test_each_node_gets_an_executor_of_the_kind_the_job_check_assumes(node: Node
                          reference=something, critic=something,
                          reward_models={"rm": something},
                          judges={"judge": something})
-    executor = builder.build_executor(node, models, build(JobConfig, {}), target_groups=1,
-                                      group=None)
+    executor = table.build_executor(node, models, build(JobConfig, {}), target_groups=1,
+                                    group=None)
     kind = executor_kind(node)
     assert kind is not None
     assert type(executor).__name__ in fields.EXECUTOR_CLASSES[kind]
@@ -111,5 +111,5 @@ def test_what_the_executors_add_has_the_declared_dtype_and_shape(tiny_checkpoint
     config = build(JobConfig, {})
     ctx = StepContext(step=1, rank=0, config=config, sink=MetricSink(),
                       kl_controller=FixedKLController(0.0))
-    out = AdvantageExecutor("grpo").run(rows, ctx)
+    out = AdvantageExecutor("grpo", AdvantageSettings.of(config.algorithm)).run(rows, ctx)
     _check(out, fields.EXECUTOR_WRITES[ExecutorKind.ADVANTAGE], width, 5)

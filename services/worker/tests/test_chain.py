@@ -12,10 +12,10 @@ from dagrl.config import load_job_config
 from dagrl.errors import BatchError
 from dagrl.models import build_char_tokenizer
 from dagrl.workflow import Node, NodeRole, NodeType
-from dagrl_worker.builder import build_executor
 from dagrl_worker.dataflow import join_by_uid
 from dagrl_worker.executors.base import AgentModels, StepContext
 from dagrl_worker.executors.multiturn import MultiTurnRolloutExecutor
+from dagrl_worker.executors.table import build_executor
 from dagrl_worker.metrics import MetricSink
 from dagrl_worker.prompts import prompts_to_batch
 
@@ -66,10 +66,10 @@ def answer_7_then_9(context: str) -> str:
 
 
 def run_agent(node: Node, backend: Any, batch: Batch) -> tuple[Batch, Any]:
-    executor = build_executor(node, AgentModels(tokenizer=TOKENIZER, rollout=backend), None,
-                              1, None)
     config = load_job_config(data={"data": {"max_response_length": 128},
                                    "actor_rollout_ref": {"rollout": {"n": 2}}})
+    executor = build_executor(node, AgentModels(tokenizer=TOKENIZER, rollout=backend), config,
+                              1, None)
     ctx = StepContext(step=1, rank=0, config=config, sink=MetricSink(),
                       kl_controller=FixedKLController(0.0))
     return executor.run(batch, ctx), executor

@@ -24,7 +24,7 @@ from dagrl_worker.device import Precision, RankDevice, device_problems, rank_dev
 from dagrl_worker.metrics import MetricSink
 from dagrl_worker.plan_view import PlanView, colocated_plan
 from dagrl_worker.prompts import prompts_to_batch
-from dagrl_worker.reward_models import load_reward_model
+from dagrl_worker.rewards.scorers import load_reward_model
 from dagrl_worker.rollout import HFRollout, SamplingParams
 from dagrl_worker.training.engine import EngineOptions, TrainEngine
 from dagrl_worker.training.forward import response_log_probs

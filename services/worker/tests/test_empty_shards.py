@@ -14,8 +14,8 @@ from dagrl.algorithms import FixedKLController
 from dagrl.config import load_job_config
 from dagrl.models import load_tokenizer
 from dagrl.workflow import Node, NodeRole, NodeType
-from dagrl_worker.builder import build_executor
 from dagrl_worker.executors.base import AgentModels, StepContext
+from dagrl_worker.executors.table import build_executor
 from dagrl_worker.metrics import MetricSink
 from dagrl_worker.prompts import prompts_to_batch
 from dagrl_worker.rollout import HFRollout

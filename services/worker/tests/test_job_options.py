@@ -25,10 +25,14 @@ from dagrl.models import build_char_tokenizer, encode_chat_prompt
 from dagrl.workflow import load_workflow, parse_workflow
 from dagrl_worker.dag_worker import DAGWorker
 from dagrl_worker.executors.base import StepContext
-from dagrl_worker.executors.compute import AdvantageExecutor, DynamicSamplingExecutor
+from dagrl_worker.executors.compute import (
+    AdvantageExecutor,
+    AdvantageSettings,
+    DynamicSamplingExecutor,
+)
 from dagrl_worker.metrics import MetricSink
 from dagrl_worker.plan_view import colocated_plan
-from dagrl_worker.prompt_source import PromptSource
+from dagrl_worker.prompts import PromptSource
 from dagrl_worker.spec import WorkerSpec
 
 from .test_dag_worker import job_yaml
@@ -158,9 +162,12 @@ def scored(groups: list[str], scores: list[float]) -> Batch:
 def test_grpo_without_std_normalisation_is_dr_grpo() -> None:
     groups, scores = ["a", "a", "a", "b", "b", "b"], [1.0, 0.0, 0.0, 0.5, 0.5, 2.0]
     batch = scored(groups, scores)
-    executor = AdvantageExecutor("grpo")
-    normalised = executor.run(batch, context()).tensors["advantages"]
-    plain = executor.run(batch, context(norm_adv_by_std_in_grpo=False)).tensors["advantages"]
+    def advantages(ctx: StepContext) -> torch.Tensor:
+        executor = AdvantageExecutor("grpo", AdvantageSettings.of(ctx.config.algorithm))
+        return executor.run(batch, ctx).tensors["advantages"]
+
+    normalised = advantages(context())
+    plain = advantages(context(norm_adv_by_std_in_grpo=False))
     means = {"a": 1 / 3, "b": 1.0}
     expected = torch.tensor([s - means[g] for g, s in zip(groups, scores, strict=True)])
     mask = batch.tensors["response_mask"].float()
@@ -177,7 +184,9 @@ def test_filter_groups_metric_is_the_value_a_group_must_vary_in(metric: str,
     """a: both right with partial credit; b: one right, one wrong; c: both wrong."""
     batch = scored(["a", "a", "b", "b", "c", "c"], [0.5, 1.0, 0.0, 1.0, 0.0, 0.0])
     ctx = context(filter_groups={"metric": metric})
-    result = DynamicSamplingExecutor("dynamic_sampling", target_groups=3).run(batch, ctx)
+    executor = DynamicSamplingExecutor("dynamic_sampling", target_groups=3,
+                                       filter_groups=ctx.config.algorithm.filter_groups)
+    result = executor.run(batch, ctx)
     assert set(result.group_ids) == kept
     assert ctx.sink.value("dynamic_sampling/kept_groups") == len(kept)
 

@@ -19,10 +19,10 @@ from dagrl.errors import ConfigError
 from dagrl.models import build_char_tokenizer, load_tokenizer
 from dagrl.models.tokenizer import encode_chat_prompt
 from dagrl.workflow import Node, NodeRole, NodeType, load_workflow
-from dagrl_worker.builder import build_executor
 from dagrl_worker.dag_worker import DAGWorker
 from dagrl_worker.executors.base import AgentModels, StepContext
 from dagrl_worker.executors.multiturn import MultiTurnRolloutExecutor
+from dagrl_worker.executors.table import build_executor
 from dagrl_worker.metrics import MetricSink, merge
 from dagrl_worker.plan_view import colocated_plan
 from dagrl_worker.prompts import prompts_to_batch
@@ -203,7 +203,8 @@ def test_builder_validates_and_refuses_env_interact() -> None:
     with pytest.raises(ConfigError, match="only a ROLLOUT node"):
         build_executor(Node("r", NodeType.COMPUTE, NodeRole.REWARD,
                             agent_options={"env": "math"}), models, None, 1, None)
-    executor = build_executor(node(agent_options={"env": "calculator"}), models, None, 1, None)
+    executor = build_executor(node(agent_options={"env": "calculator"}), models,
+                              load_job_config(data={}), 1, None)
     assert isinstance(executor, MultiTurnRolloutExecutor)
 
 
@@ -219,9 +220,9 @@ def calculator_reply(context: str) -> str:
 
 def test_tool_calls_metric_counts_the_calls_the_env_ran(scripted_backend) -> None:
     models = AgentModels(tokenizer=TOKENIZER, rollout=scripted_backend(calculator_reply))
-    executor = build_executor(node(agent_options={"env": "calculator"}), models, None, 1, None)
     config = load_job_config(data={"data": {"max_response_length": 256},
                                    "actor_rollout_ref": {"rollout": {"n": 2}}})
+    executor = build_executor(node(agent_options={"env": "calculator"}), models, config, 1, None)
     ctx = StepContext(step=1, rank=0, config=config, sink=MetricSink(),
                       kl_controller=FixedKLController(0.0))
     rows = {"prompt_ids": [ids(f"calls={k}") for k in (0, 1, 2)], "index": [0, 1, 2],

@@ -20,14 +20,15 @@ from dagrl.errors import ConfigError, RewardError
 from dagrl.job_rules import job_problems
 from dagrl.models import build_char_tokenizer, encode_chat_prompt
 from dagrl.workflow import parse_workflow
-from dagrl_worker.builder import build_agent_models, build_executor
+from dagrl_worker.builder import build_agent_models
 from dagrl_worker.executors.base import StepContext
-from dagrl_worker.executors.judge import JUDGE_SCORES, JudgeExecutor, JudgeOptions, VerdictParser
-from dagrl_worker.executors.reward_model import RM_SCORES, RewardModelExecutor
+from dagrl_worker.executors.table import build_executor
 from dagrl_worker.metrics import MetricSink
 from dagrl_worker.plan_view import PlanView
 from dagrl_worker.prompts import prompts_to_batch
-from dagrl_worker.reward_models import Judge, load_reward_model
+from dagrl_worker.rewards.judge import JUDGE_SCORES, JudgeExecutor, JudgeOptions, VerdictParser
+from dagrl_worker.rewards.reward_model import RM_SCORES, RewardModelExecutor
+from dagrl_worker.rewards.scorers import Judge, load_reward_model
 from dagrl_worker.rollout import SamplingParams
 from dagrl_worker.training.parallel import DataParallel
 
@@ -220,7 +221,7 @@ def judge_executor(reply: Callable[[str], str], default: float = -1.0) -> JudgeE
     backend = ScriptedBackend(reply)
     options = JudgeOptions(template="Q: {prompt} A: {response} T: {ground_truth}",
                            default_score=default, max_new_tokens=12, temperature=0.0,
-                           micro_batch_size=3)
+                           micro_batch_size=3, seed=0)
     return JudgeExecutor(Judge(backend, backend.tokenizer), build_char_tokenizer(), options,
                          VerdictParser(r"Score: (\d+)"))
 

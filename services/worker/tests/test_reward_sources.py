@@ -21,8 +21,8 @@ from dagrl.config import load_job_config
 from dagrl.errors import RewardError
 from dagrl.models import build_char_tokenizer, encode_chat_prompt
 from dagrl.workflow import Node, NodeRole, NodeType
-from dagrl_worker.builder import build_executor
 from dagrl_worker.executors.base import AgentModels, Executor, StepContext
+from dagrl_worker.executors.table import build_executor
 from dagrl_worker.metrics import MetricSink
 from dagrl_worker.prompts import prompts_to_batch
 from dagrl_worker.rollout import SamplingParams

@@ -15,7 +15,7 @@ from dagrl.models import encode_chat_prompt, load_model_and_tokenizer
 from dagrl.workflow import load_workflow
 from dagrl_worker.dag_worker import DAGWorker
 from dagrl_worker.executors.base import StepContext
-from dagrl_worker.executors.models import rollout_sampling
+from dagrl_worker.executors.rollout import RolloutSampling
 from dagrl_worker.metrics import MetricSink
 from dagrl_worker.plan_view import colocated_plan
 from dagrl_worker.prompts import prompts_to_batch
@@ -65,10 +65,10 @@ def test_rollout_seed_and_step_seed_each_rollout(tiny_checkpoint: Path, tmp_path
         for step, validating in ((1, False), (2, False), (1, True)):
             ctx = StepContext(step, 0, config, MetricSink(), FixedKLController(0.0),
                               validating=validating)
-            seeds[seed, step, validating] = rollout_sampling(ctx).seed
+            seeds[seed, step, validating] = RolloutSampling.of(config).at(ctx).seed
     assert len(set(seeds.values())) == len(seeds)  # seed, step and validation all count
     ctx = StepContext(1, 0, worker.config, MetricSink(), FixedKLController(0.0))
-    assert rollout_sampling(ctx).seed == seeds[0, 1, False]  # the default seed is 0
+    assert RolloutSampling.of(worker.config).at(ctx).seed == seeds[0, 1, False]  # default: 0
 
 
 def _params(worker: DAGWorker) -> list[torch.Tensor]:
@@ -97,7 +97,7 @@ def test_skipping_the_old_log_prob_pass_gives_the_same_update(tiny_checkpoint: P
 def test_one_pass_update_takes_old_log_probs_from_its_own_forward(tiny_checkpoint: Path,
                                                                   tmp_path: Path) -> None:
     """One mini-batch, one epoch: the old-log-prob pass is left to the update's forward
-    (`redundant_passes`); the update equals the one with the pass."""
+    (`log_probs.old_log_probs_in_update`); the update equals the one with the pass."""
     results = {}
     for fused in (False, True):
         worker = _worker(tiny_checkpoint, tmp_path, f"fused{fused}", ppo_mini_batch_size=4,

@@ -160,7 +160,12 @@ def test_critic_values_and_update_honour_its_own_options(tiny_checkpoint: Path) 
     from dagrl.algorithms import FixedKLController
     from dagrl.config import load_job_config
     from dagrl_worker.executors.base import StepContext
-    from dagrl_worker.executors.models import CriticTrainExecutor, ValuesExecutor
+    from dagrl_worker.executors.models import (
+        CriticTrainExecutor,
+        ValuesExecutor,
+        critic_micro_batching,
+        critic_plan,
+    )
 
     _, rows = uneven_batch(tiny_checkpoint)
     results = {}
@@ -177,9 +182,12 @@ def test_critic_values_and_update_honour_its_own_options(tiny_checkpoint: Path) 
         engine = TrainEngine(critic, config.critic.optim, total_steps=2, dp=DataParallel())
         sink = MetricSink()
         ctx = StepContext(1, 0, config, sink, FixedKLController(0.0))
-        valued = ValuesExecutor(engine).run(rows, ctx)
+        values = ValuesExecutor(engine, critic_micro_batching(config.critic),
+                                config.critic.model.use_remove_padding)
+        valued = values.run(rows, ctx)
         returns = torch.ones_like(valued.tensors["values"]) * rows.tensors["response_mask"]
-        CriticTrainExecutor(engine).run(valued.with_fields(tensors={"returns": returns}), ctx)
+        update = CriticTrainExecutor(engine, config.critic, critic_plan(config))
+        update.run(valued.with_fields(tensors={"returns": returns}), ctx)
         results[fast] = (valued.tensors["values"], sink.summary())
     mask = rows.tensors["response_mask"].bool()
     assert float((results[False][0] - results[True][0])[mask].abs().max()) <= 1e-5

@@ -1,17 +1,11 @@
-"""Build a rank's models and node executors from the workflow, the plan and the config.
+"""Build a rank's models from the workflow, the plan and the config.
 
 `build_agent_models` loads, per agent group, only what this rank's nodes need: the actor
 engine, the rollout backend by `rollout.name` (`hf`: the actor's own module when this rank
 holds all of it; `vllm`: an in-process engine), the frozen reference, the critic engine, and
 the frozen scorer of each MODEL_INFERENCE + REWARD node on this rank (`build_scorer`: a reward
-model, or an LLM judge when the node sets `config.judge_template`).
-`build_executor` maps each node to its executor by (type, role) with a plain match: every
-node type the loader accepts either gets an executor here or a clear
-error naming the node. A ROLLOUT node whose `agent_options` name an `env` runs multi-turn
-episodes; one with `agent_options.chain_template` prompts with its parent ROLLOUT node's
-samples (the next agent of a multi-agent chain, `executors/chain.py`), single- or
-multi-turn. Agent options and ENV_INTERACT nodes are checked by `dagrl.envs`'
-`agent_node_problems`, the same check the scheduler runs on the whole workflow at plan time.
+model, or an LLM judge when the node sets `config.judge_template`). Which executor each node
+gets, with which settings, is `executors/table.py`'s.
 """
 
 from __future__ import annotations
@@ -19,10 +13,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
-import torch.distributed as dist
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -30,49 +23,23 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from dagrl.batch import Batch
 from dagrl.config import FSDPConfig, JobConfig, ModelConfig, node_config
 from dagrl.engines import require_engine
-from dagrl.envs import agent_node_problems, agent_options, env_factory
-from dagrl.errors import ConfigError, InvalidInputError
+from dagrl.errors import ConfigError
 from dagrl.job_rules import model_path, reward_model_path_problem
 from dagrl.models import load_tokenizer
-from dagrl.refs import resolve_ref
 from dagrl.workflow import Node, NodeRole, NodeType, TaskGraph
 from dagrl_worker.device import CPU, Precision, RankDevice
-from dagrl_worker.executors.agent import AgentRolloutExecutor
-from dagrl_worker.executors.base import AgentModels, Executor, StepContext
-from dagrl_worker.executors.chain import ChainRolloutExecutor
-from dagrl_worker.executors.compute import (
-    AdvantageExecutor,
-    BarrierExecutor,
-    CustomExecutor,
-    DynamicSamplingExecutor,
-    PassThroughExecutor,
-    RewardExecutor,
-)
-from dagrl_worker.executors.judge import JudgeExecutor, JudgeOptions, VerdictParser
-from dagrl_worker.executors.models import (
-    ActorTrainExecutor,
-    CriticTrainExecutor,
-    OldLogProbExecutor,
-    ReferenceLogProbExecutor,
-    RolloutExecutor,
-    ValuesExecutor,
-)
-from dagrl_worker.executors.multiturn import MultiTurnRolloutExecutor
-from dagrl_worker.executors.reward_model import RewardModelExecutor
-from dagrl_worker.executors.reward_sources import build_reward_sources
-from dagrl_worker.reward_models import Judge, load_reward_model
+from dagrl_worker.executors.base import AgentModels, UnsupportedNodeError
+from dagrl_worker.rewards.scorers import Judge, load_reward_model
 from dagrl_worker.rollout import HFRollout, RolloutBackend
 from dagrl_worker.training import lora
 from dagrl_worker.training.engine import HOST, EngineOptions, Strategy, TrainEngine
 from dagrl_worker.training.parallel import DataParallel
 from dagrl_worker.weight_layout import TensorSpec, specs_of
 
-
-class UnsupportedNodeError(InvalidInputError):
-    """A node this worker version cannot execute (named, with what to use instead)."""
+__all__ = ["build_agent_models", "build_rollout", "build_scorer", "policy_specs",
+           "shared_tokenizer"]
 
 
 def _load_causal_lm(path: str, model: ModelConfig, device: torch.device) -> Any:
@@ -282,84 +249,3 @@ def _training_dp(nodes: list[Node], role: NodeRole,
     trainers = sorted(n.node_id for n in nodes if n.node_role == role
                       and n.node_type == NodeType.MODEL_TRAIN and not n.only_forward_compute)
     return dp_for(trainers[0]) if trainers else DataParallel()
-
-
-def build_executor(node: Node, models: AgentModels, config: JobConfig, target_groups: int,
-                   group: dist.ProcessGroup | None, *,
-                   old_log_probs_in_update: bool = False) -> Executor:
-    """The executor of one node (see the module docstring). `old_log_probs_in_update`: a
-    forward-only ACTOR node leaves its pass to the update (`redundant_passes`)."""
-    problems = agent_node_problems(node)
-    if problems:
-        raise ConfigError(problems)
-    options = node_config(node.node_id, node.config)
-    kind, role = node.node_type, node.node_role
-    if node.executable_ref and kind in (NodeType.CUSTOM, NodeType.COMPUTE) and (
-            role in (NodeRole.DEFAULT,) or kind == NodeType.CUSTOM):
-        function = cast(Callable[[Batch, StepContext], Batch], resolve_ref(node.executable_ref))
-        return CustomExecutor(node.node_id, function)
-    if kind == NodeType.MODEL_INFERENCE and role == NodeRole.ROLLOUT:
-        return _rollout_executor(node, models, _need(models.rollout, node, "a rollout backend"))
-    if kind == NodeType.MODEL_INFERENCE and role == NodeRole.REWARD:
-        if options.judge_template is not None:
-            judge = _need(models.judges.get(node.node_id), node, "its judge model")
-            return JudgeExecutor(judge, models.tokenizer, JudgeOptions.of(options),
-                                 VerdictParser(options.judge_parser))
-        return RewardModelExecutor(_need(models.reward_models.get(node.node_id), node,
-                                         "its reward model"),
-                                   models.tokenizer, options.micro_batch_size)
-    if role == NodeRole.REWARD and kind == NodeType.COMPUTE:
-        ref = options.reward_fn or config.reward.reward_fn or node.executable_ref
-        return RewardExecutor(models.tokenizer,
-                              build_reward_sources(node.node_id, ref, config.reward))
-    if role == NodeRole.ADVANTAGE:
-        return AdvantageExecutor(config.algorithm.adv_estimator)  # its one home (job check)
-    if role == NodeRole.DYNAMIC_SAMPLING:
-        return DynamicSamplingExecutor(node.node_id, target_groups)
-    if role == NodeRole.ACTOR:
-        engine = _need(models.actor, node, "an actor model")
-        if node.only_forward_compute:
-            return OldLogProbExecutor(engine, in_update=old_log_probs_in_update)
-        return ActorTrainExecutor(engine)
-    if role == NodeRole.REFERENCE:
-        return ReferenceLogProbExecutor(
-            models, config.actor_rollout_ref.ref.fsdp_config.param_offload)
-    if role == NodeRole.CRITIC:
-        engine = _need(models.critic, node, "a critic model")
-        return ValuesExecutor(engine) if node.only_forward_compute else CriticTrainExecutor(
-            engine)
-    if kind == NodeType.DATA_LOAD:
-        return PassThroughExecutor()
-    if kind == NodeType.BARRIER_SYNC:
-        return BarrierExecutor(group)
-    raise UnsupportedNodeError(
-        f"node {node.node_id!r} ({kind.name}, role {role.name}) has no executor in this "
-        "worker; give it a role that has one (ROLLOUT, REWARD, ADVANTAGE, DYNAMIC_SAMPLING, "
-        "ACTOR, REFERENCE, CRITIC) or make it a CUSTOM node with executable_ref"
-    )
-
-
-def _rollout_executor(node: Node, models: AgentModels, backend: RolloutBackend) -> Executor:
-    """Single-turn, or multi-turn episodes when the node's agent_options name an env; wrapped
-    by the chain executor when they set a chain_template."""
-    options = agent_options(node.node_id, node.agent_options)
-    if options.agent is not None:  # a user's agent program against the endpoint
-        program = cast(Any, resolve_ref(options.agent, kind="callable"))  # checked when run
-        return AgentRolloutExecutor(backend, models.tokenizer, options, program)
-    rollout: Executor = RolloutExecutor(backend)
-    if options.env is not None:
-        try:
-            make_env = env_factory(options.env, options.max_assistant_turns)
-        except InvalidInputError as exc:
-            raise ConfigError(f"node {node.node_id!r}: agent_options.env: {exc}") from exc
-        rollout = MultiTurnRolloutExecutor(backend, models.tokenizer, options, make_env)
-    if options.chain_template is None:
-        return rollout
-    return ChainRolloutExecutor(node.node_id, node.agent_group, models.tokenizer,
-                                options.chain_template, rollout)
-
-
-def _need(value: Any, node: Node, what: str) -> Any:
-    if value is None:
-        raise UnsupportedNodeError(f"node {node.node_id!r} needs {what} on this rank")
-    return value

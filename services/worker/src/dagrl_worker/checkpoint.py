@@ -41,7 +41,7 @@ from dagrl.workflow import NodeRole
 from dagrl_worker import checkpoint_files
 from dagrl_worker.executors.base import AgentModels
 from dagrl_worker.plan_view import RankGraph
-from dagrl_worker.prompt_source import PromptSource
+from dagrl_worker.prompts import PromptSource
 from dagrl_worker.training import lora
 from dagrl_worker.weight_sync import trainer_ranks
 

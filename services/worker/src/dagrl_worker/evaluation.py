@@ -37,7 +37,7 @@ from dagrl.batch import Batch
 from dagrl.workflow import NodeRole, TaskGraph
 from dagrl_worker.dataflow import EdgeRouter, ShardStore
 from dagrl_worker.executors.base import StepContext
-from dagrl_worker.executors.models import val_sampling
+from dagrl_worker.executors.rollout import val_sampling
 from dagrl_worker.metrics import MetricSink, Reduce, Summary
 from dagrl_worker.plan_view import PlanView
 from dagrl_worker.prompts import PromptRows

@@ -30,8 +30,7 @@ from dagrl_worker.device import RankDevice
 from dagrl_worker.executors.base import AgentModels, Executor, StepContext
 from dagrl_worker.metrics import MetricSink, Reduce
 from dagrl_worker.plan_view import RankGraph
-from dagrl_worker.prompt_source import PromptSource
-from dagrl_worker.prompts import PromptRows, dp_slice, prompts_to_batch
+from dagrl_worker.prompts import PromptRows, PromptSource, dp_slice, prompts_to_batch
 
 
 class GraphRunner:

@@ -20,16 +20,17 @@ from dagrl.config import JobConfig
 from dagrl_databuffer.keys import attempt_namespace
 from dagrl_worker.async_training.policy_versions import PolicyVersions
 from dagrl_worker.async_training.sample_ledger import SampleLedger
-from dagrl_worker.builder import build_agent_models, build_executor, shared_tokenizer
+from dagrl_worker.builder import build_agent_models, shared_tokenizer
 from dagrl_worker.checkpoint import RankCheckpointer
 from dagrl_worker.dataflow import EdgeRouter, ShardStore
 from dagrl_worker.device import RankDevice
 from dagrl_worker.executors.base import AgentModels, Executor
+from dagrl_worker.executors.log_probs import old_log_probs_in_update
+from dagrl_worker.executors.table import build_executor
 from dagrl_worker.graph_runner import GraphRunner
 from dagrl_worker.plan_view import RankGraph
-from dagrl_worker.prompt_source import PromptSource
+from dagrl_worker.prompts import PromptSource
 from dagrl_worker.rank_groups import RankGroups
-from dagrl_worker.redundant_passes import old_log_probs_in_update
 from dagrl_worker.weight_sync import ModelSync, plan_model_syncs
 
 

@@ -21,6 +21,7 @@ from transformers import PreTrainedTokenizerBase
 
 from dagrl import telemetry
 from dagrl.batch import Batch
+from dagrl.config import DataConfig
 from dagrl.envs import AgentOptions
 from dagrl.errors import ConfigError, DagrlError
 from dagrl_worker.agents.batcher import GenerationBatcher
@@ -29,7 +30,7 @@ from dagrl_worker.agents.gateway import Gateway
 from dagrl_worker.agents.protocol import GatewayLimits
 from dagrl_worker.agents.rendering import Renderer
 from dagrl_worker.executors.base import StepContext
-from dagrl_worker.executors.models import rollout_sampling
+from dagrl_worker.executors.rollout import RolloutSampling
 from dagrl_worker.metrics import Reduce
 from dagrl_worker.rollout import RolloutBackend
 
@@ -50,7 +51,8 @@ class AgentRun:
 
 class AgentRolloutExecutor:
     def __init__(self, backend: RolloutBackend, tokenizer: PreTrainedTokenizerBase,
-                 options: AgentOptions, agent: AgentFn) -> None:
+                 options: AgentOptions, agent: AgentFn, sampling: RolloutSampling,
+                 limits: GatewayLimits) -> None:
         if not inspect.iscoroutinefunction(agent):
             raise ConfigError(f"agent_options.agent {options.agent!r} is not an `async def` "
                               "function; define it as `async def agent(client, sample)`")
@@ -58,11 +60,13 @@ class AgentRolloutExecutor:
         self.tokenizer = tokenizer
         self.options = options
         self.agent = agent
+        self.sampling = sampling
+        self.limits = limits
         self.renderer = Renderer(tokenizer)
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
-        params = rollout_sampling(ctx)
-        width = ctx.config.data.max_response_length
+        params = self.sampling.at(ctx)
+        width = self.sampling.max_response_length
         samples = batch.repeat_interleave(params.n)
         rows = [{name: values[i] for name, values in samples.columns.items()}
                 for i in range(len(samples))]
@@ -80,7 +84,7 @@ class AgentRolloutExecutor:
 
     async def episodes(self, rows: list[dict[str, Any]], ctx: StepContext) -> AgentRun:
         """Every row's episode against an endpoint that lives for this call."""
-        gateway = Gateway(self.renderer, self.batcher(ctx), self.limits(ctx))
+        gateway = Gateway(self.renderer, self.batcher(ctx), self.limits)
         await gateway.start()
         try:
             outcomes = await run_episodes(self.agent, rows, gateway,
@@ -92,17 +96,8 @@ class AgentRolloutExecutor:
 
     def batcher(self, ctx: StepContext) -> GenerationBatcher:
         return GenerationBatcher(self.backend, int(self.tokenizer.pad_token_id),
-                                 int(self.tokenizer.eos_token_id), rollout_sampling(ctx),
+                                 int(self.tokenizer.eos_token_id), self.sampling.at(ctx),
                                  ctx.policy_version, self.options.batch_window_s)
-
-    def limits(self, ctx: StepContext) -> GatewayLimits:
-        data, options = ctx.config.data, self.options
-        return GatewayLimits(
-            model_name=options.served_model_name,
-            max_tokens_per_call=options.max_tokens_per_call or data.max_response_length,
-            max_prompt_tokens=options.max_prompt_tokens or (data.max_prompt_length
-                                                            + data.max_response_length),
-            max_response_tokens=data.max_response_length, max_choices=options.max_choices)
 
     def _check(self, outcomes: list[EpisodeOutcome]) -> None:
         failed = [o for o in outcomes if o.failed]
@@ -114,6 +109,17 @@ class AgentRolloutExecutor:
                              f"{self.options.agent!r} failed; the first with {failed[0].error}"
                              " — fix the program (or raise agent_options.episode_timeout_s "
                              "if they timed out)")
+
+
+def gateway_limits(options: AgentOptions, data: DataConfig) -> GatewayLimits:
+    """What the endpoint accepts: the agent options' limits, else the job's prompt and
+    response lengths (`data.max_prompt_length`, `data.max_response_length`)."""
+    return GatewayLimits(
+        model_name=options.served_model_name,
+        max_tokens_per_call=options.max_tokens_per_call or data.max_response_length,
+        max_prompt_tokens=options.max_prompt_tokens or (data.max_prompt_length
+                                                        + data.max_response_length),
+        max_response_tokens=data.max_response_length, max_choices=options.max_choices)
 
 
 def _add_metrics(ctx: StepContext, run: AgentRun, out: Batch) -> None:

@@ -1,10 +1,13 @@
 """What every node executor sees: the step context and the rank's models.
 
-An executor is a plain object with `run(batch, ctx) -> Batch`: it reads the fields it
-needs from its input Batch and returns the Batch with the fields it adds. Executors
-never talk to Ray, Redis or other ranks' data; the DAGWorker moves Batches between
-them. Models (the policy engine, the reference, the critic, reward models and judges) live
-in `AgentModels`, one per agent group, built once in `init_graph`.
+An executor is a plain object with `run(batch, ctx) -> Batch`: it reads the fields it needs
+from its input Batch and returns the Batch with the fields it adds. It is built once
+(`table.build_executor`) with the settings it uses, so its constructor shows what it depends
+on; `StepContext` carries what changes per step (the step, the metric sink, whether this is a
+validation pass, ...) and the job config for CUSTOM nodes' functions only. Executors never
+talk to Ray, Redis or other ranks' data; the DAGWorker moves Batches between them. Models (the
+policy engine, the reference, the critic, reward models and judges) live in `AgentModels`, one
+per agent group, built once in `init_graph`.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from dagrl.algorithms import KLController
 from dagrl.batch import Batch
 from dagrl.config import JobConfig
+from dagrl.errors import InvalidInputError
 from dagrl_worker.metrics import MetricSink
-from dagrl_worker.reward_models import Judge, RewardModel
+from dagrl_worker.rewards.scorers import Judge, RewardModel
 from dagrl_worker.rollout import RolloutBackend
 from dagrl_worker.training.engine import TrainEngine
 from dagrl_worker.training.parallel import DataParallel
@@ -53,6 +57,8 @@ class StepContext:
 
     step: int
     rank: int
+    # the whole job config, for a CUSTOM node's function (`executable_ref`); the built-in
+    # executors take their settings in their constructors instead
     config: JobConfig
     sink: MetricSink
     kl_controller: KLController
@@ -60,11 +66,15 @@ class StepContext:
     # dynamic sampling draws more prompts this way); set by the DAGWorker.
     regenerate: Callable[[str, int], Batch] | None = None
     dp: DataParallel = field(default_factory=DataParallel)
-    # a validation pass: rollouts sample with the val parameters (`models.rollout_sampling`)
+    # a validation pass: rollouts sample with the val parameters (`RolloutSampling.at`)
     validating: bool = False
     # updates behind the policy weights this rank holds (`staleness`): a rollout's samples
     # carry it, an update compares its samples' versions with it
     policy_version: int = 0
+
+
+class UnsupportedNodeError(InvalidInputError):
+    """A node this worker version cannot execute (named, with what to use instead)."""
 
 
 class Executor(Protocol):

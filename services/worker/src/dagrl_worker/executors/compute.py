@@ -1,10 +1,11 @@
-"""Executors that compute on Batches without a model: reward, advantage, dynamic sampling,
-custom `module:function` nodes, data loading and barriers."""
+"""Executors that compute on Batches without a model: advantage, dynamic sampling, custom
+`module:function` nodes, data loading and barriers. The reward node's is
+`dagrl_worker.rewards.combine`'s."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -19,100 +20,25 @@ from dagrl.algorithms import (
 )
 from dagrl.batch import Batch
 from dagrl.batch.layout import concat_aligned
-from dagrl.config.reward import LEARNED_SOURCES
-from dagrl.rewards.combine import combine_scores
-from dagrl.rewards.overlong import overlong_penalty
+from dagrl.config import AlgorithmConfig, FilterGroupsConfig
 from dagrl_worker.executors.base import StepContext, response_tokens, sequence_scores
-from dagrl_worker.executors.reward_sources import RewardSources
 from dagrl_worker.metrics import Reduce
 
 
-class RewardExecutor:
-    """Scores each decoded response with the configured sources and combines them.
+@dataclass(frozen=True)
+class AdvantageSettings:
+    """What the advantage node reads from `algorithm` besides its estimator."""
 
-    The score is `sum_s weight_s * score_s` over `reward.sources` (`reward.val_sources` in a
-    validation pass; see `reward_sources`), plus DAPO's overlong penalty on training steps
-    when `reward.overlong_buffer.enable`. Adds `token_level_scores` [B, R]: the score on the
-    last response token, 0 elsewhere; records `reward/<source>/mean` per source and
-    `critic/score/*` of the combined score. Every source scores before anything is written.
-    A batch that already carries `token_level_scores` — a multi-turn rollout puts its
-    environment's episode rewards there — keeps them: the node then only reports them.
-    """
+    gamma: float
+    lam: float
+    norm_adv_by_std_in_grpo: bool
+    use_kl_in_reward: bool
+    kl_penalty: str  # the in-reward KL estimator
 
-    def __init__(self, tokenizer: Any, sources: RewardSources) -> None:
-        self.tokenizer = tokenizer
-        self.sources = sources
-
-    def run(self, batch: Batch, ctx: StepContext) -> Batch:
-        if "token_level_scores" in batch:  # scored by the rollout's environment
-            _report_scores(ctx, batch.tensors["token_level_scores"].sum(dim=1), len(batch))
-            return batch
-        mask = batch.tensors["response_mask"]  # [B, R]
-        weights = self.sources.config.weights(validating=ctx.validating)
-        # only the rule and the remote service read texts (a model's scores are upstream's)
-        texts = self._decode(batch.tensors["responses"], mask, skip_special_tokens=True) \
-            if set(weights) - set(LEARNED_SOURCES) else []
-        # the remote service sees the prompt as the policy did, chat template included
-        prompts = self._decode(batch.tensors["prompts"], _prompt_mask(batch),
-                               skip_special_tokens=False) if "remote" in weights else []
-        timeouts_before = self.sources.verifier.timeouts
-        with telemetry.phase_span(telemetry.SPAN_REWARD_SCORE):
-            by_source = self.sources.score(batch, texts, prompts, weights)
-        scores = combine_scores(by_source, weights)  # [B]
-        lengths = mask.sum(dim=1)  # [B]
-        buffer = self.sources.config.overlong_buffer
-        if buffer.enable and not ctx.validating:
-            penalty = overlong_penalty(lengths, ctx.config.data.max_response_length,
-                                       buffer.len, buffer.penalty_factor)  # [B]
-            scores = scores + penalty
-            _report_overlong(ctx, penalty)
-        token_scores = torch.zeros(mask.shape, dtype=torch.float32)  # [B, R]
-        has_tokens = lengths > 0
-        rows = torch.arange(len(batch))[has_tokens]
-        token_scores[rows, (lengths[has_tokens] - 1)] = scores[has_tokens]
-        _report_scores(ctx, scores, len(batch))
-        _report_sources(ctx, by_source, self.sources.verifier.timeouts - timeouts_before)
-        return batch.with_fields(tensors={"token_level_scores": token_scores})
-
-    def _decode(self, ids: torch.Tensor, mask: torch.Tensor, *,
-                skip_special_tokens: bool) -> list[str]:
-        rows = [row[m.bool()].tolist() for row, m in zip(ids, mask, strict=True)]
-        # no call for an empty shard: transformers < 5.20 decodes [] as one empty text
-        return self.tokenizer.batch_decode(rows, skip_special_tokens=skip_special_tokens) \
-            if rows else []
-
-
-def _prompt_mask(batch: Batch) -> torch.Tensor:
-    """Which prompt tokens are real (prompts are left-padded). # [B, P]"""
-    return batch.tensors["attention_mask"][:, :batch.tensors["prompts"].shape[1]]
-
-
-def _report_scores(ctx: StepContext, scores: torch.Tensor, rows: int) -> None:
-    if rows == 0:
-        return
-    ctx.sink.add(telemetry.KEY_SCORE_MEAN, float(scores.mean()), Reduce.MEAN, weight=rows)
-    ctx.sink.add(telemetry.KEY_SCORE_MAX, float(scores.max()), Reduce.MAX)
-    ctx.sink.add(telemetry.KEY_SCORE_MIN, float(scores.min()), Reduce.MIN)
-
-
-def _report_sources(ctx: StepContext, by_source: dict[str, torch.Tensor],
-                    math_verify_timeouts: int) -> None:
-    for source, values in by_source.items():
-        if len(values):
-            ctx.sink.add(telemetry.reward_source_key(source), float(values.mean()), Reduce.MEAN,
-                         weight=len(values))
-    if math_verify_timeouts:
-        ctx.sink.add(telemetry.KEY_REWARD_MATH_VERIFY_TIMEOUTS, math_verify_timeouts,
-                     Reduce.SUM)
-
-
-def _report_overlong(ctx: StepContext, penalty: torch.Tensor) -> None:
-    if not len(penalty):
-        return
-    ctx.sink.add(telemetry.KEY_REWARD_OVERLONG_PENALTY_MEAN, float(penalty.mean()),
-                 Reduce.MEAN, weight=len(penalty))
-    ctx.sink.add(telemetry.KEY_REWARD_OVERLONG_RATIO, float((penalty < 0).float().mean()),
-                 Reduce.MEAN, weight=len(penalty))
+    @classmethod
+    def of(cls, algorithm: AlgorithmConfig) -> AdvantageSettings:
+        return cls(algorithm.gamma, algorithm.lam, algorithm.norm_adv_by_std_in_grpo,
+                   algorithm.use_kl_in_reward, algorithm.kl_penalty)
 
 
 class AdvantageExecutor:
@@ -122,11 +48,12 @@ class AdvantageExecutor:
     mean, without dividing by the group's std (the "drgrpo" estimator does the same).
     """
 
-    def __init__(self, estimator: str) -> None:
+    def __init__(self, estimator: str, settings: AdvantageSettings) -> None:
         self.estimator = estimator
+        self.settings = settings
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
-        algorithm = ctx.config.algorithm
+        algorithm = self.settings
         mask = batch.tensors["response_mask"].float()  # [B, R]
         rewards = batch.tensors["token_level_scores"]  # [B, R]
         if algorithm.use_kl_in_reward and "ref_log_probs" in batch:
@@ -163,13 +90,15 @@ class DynamicSamplingExecutor:
     upstream nodes) until this rank holds its share of prompts, or the configured number of
     generation rounds is spent."""
 
-    def __init__(self, node_id: str, target_groups: int) -> None:
+    def __init__(self, node_id: str, target_groups: int,
+                 filter_groups: FilterGroupsConfig) -> None:
         self.node_id = node_id
         self.target_groups = target_groups
+        self.filter_groups = filter_groups  # algorithm.filter_groups
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
-        limit = ctx.config.algorithm.filter_groups.max_num_gen_batches
-        metric = ctx.config.algorithm.filter_groups.metric
+        limit = self.filter_groups.max_num_gen_batches
+        metric = self.filter_groups.metric
         kept, rounds, dropped = [_informative(batch, metric)], 1, 0
         dropped += _group_count(batch) - _group_count(kept[0])
         while sum(_group_count(b) for b in kept) < self.target_groups and (

@@ -20,7 +20,7 @@ from dagrl import telemetry
 from dagrl.batch import Batch
 from dagrl.envs import AgentOptions, Environment
 from dagrl_worker.executors.base import StepContext
-from dagrl_worker.executors.models import rollout_sampling
+from dagrl_worker.executors.rollout import RolloutSampling
 from dagrl_worker.metrics import Reduce
 from dagrl_worker.rollout import RolloutBackend
 from dagrl_worker.rollout.multiturn import (
@@ -35,16 +35,18 @@ from dagrl_worker.rollout.processing import TurnProcessor
 
 class MultiTurnRolloutExecutor:
     def __init__(self, backend: RolloutBackend, tokenizer: PreTrainedTokenizerBase,
-                 options: AgentOptions, make_env: Callable[[], Environment]) -> None:
+                 options: AgentOptions, make_env: Callable[[], Environment],
+                 sampling: RolloutSampling) -> None:
         self.backend = backend
+        self.sampling = sampling
         self.pad_token_id = int(tokenizer.pad_token_id)
         self.options = options
         self.make_env = make_env
         self.processor = TurnProcessor(tokenizer, options)
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
-        params = rollout_sampling(ctx)
-        width = ctx.config.data.max_response_length
+        params = self.sampling.at(ctx)
+        width = self.sampling.max_response_length
         limits = TurnLimits(self.options.max_assistant_turns,
                             self.options.max_response_tokens_per_turn or width, width)
         samples = batch.repeat_interleave(params.n)

@@ -232,8 +232,8 @@ def update_actor(engine: TrainEngine, rows: Batch, update: ActorUpdate, plan: Mi
     """PPO (or GSPO) policy update with optional entropy bonus, KL-to-reference loss and
     truncated importance sampling against the rollout engine (`update.correction`).
 
-    Rows without `old_log_probs` (`redundant_passes`: one mini-batch, one epoch) take them
-    from this update's own forward, detached."""
+    Rows without `old_log_probs` (`executors.log_probs.old_log_probs_in_update`: one
+    mini-batch, one epoch) take them from this update's own forward, detached."""
     config, temperature = update.actor, update.temperature
     loss_config = PolicyLossConfig(config.clip_ratio_low, config.clip_ratio_high,
                                    config.clip_ratio_c, config.loss_agg_mode)

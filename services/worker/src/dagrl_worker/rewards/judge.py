@@ -41,7 +41,7 @@ from dagrl.refs import resolve_ref
 from dagrl_worker.executors.base import StepContext
 from dagrl_worker.metrics import Reduce
 from dagrl_worker.prompts import PromptRows, prompts_to_batch
-from dagrl_worker.reward_models import Judge
+from dagrl_worker.rewards.scorers import Judge
 from dagrl_worker.rollout import SamplingParams
 from dagrl_worker.rollout.base import step_seed
 
@@ -85,20 +85,22 @@ class VerdictParser:
 
 @dataclass(frozen=True)
 class JudgeOptions:
-    """What a judge node's config says about judging (`NodeConfig.judge_*`)."""
+    """What a judge node's config says about judging (`NodeConfig.judge_*`), and the job's
+    rollout seed its sampling derives from."""
 
     template: str
     default_score: float
     max_new_tokens: int
     temperature: float
     micro_batch_size: int
+    seed: int  # actor_rollout_ref.rollout.seed: each step's sampling seed derives from it
 
     @classmethod
-    def of(cls, config: NodeConfig) -> JudgeOptions:
+    def of(cls, config: NodeConfig, seed: int) -> JudgeOptions:
         assert config.judge_template is not None
         return cls(config.judge_template, config.judge_default_score,
                    config.judge_max_new_tokens, config.judge_temperature,
-                   config.micro_batch_size)
+                   config.micro_batch_size, seed)
 
 
 class JudgeExecutor:
@@ -151,7 +153,7 @@ class JudgeExecutor:
         params = SamplingParams(
             n=1, max_new_tokens=self.options.max_new_tokens, do_sample=not greedy,
             temperature=1.0 if greedy else self.options.temperature,
-            seed=step_seed(ctx.config.actor_rollout_ref.rollout.seed, ctx.step, ctx.validating))
+            seed=step_seed(self.options.seed, ctx.step, ctx.validating))
         pad = int(self.judge.tokenizer.pad_token_id)
         texts: list[str] = []
         lengths: list[int] = []

@@ -5,7 +5,7 @@ Adds `rm_scores` [B] (float32, the checkpoint's one logit per sample) and writes
 a COMPUTE REWARD node downstream combines it with the other sources (`reward.sources`) into
 `token_level_scores`, on the last response token. The module is frozen (eval mode, no grad,
 never trained, never synced): it is loaded once per rank that the plan puts the node on
-(`builder.build_scorer`, `reward_models.load_reward_model`), and each such rank scores its
+(`builder.build_scorer`, `scorers.load_reward_model`), and each such rank scores its
 data-parallel shard of the samples as the router hands it over, so the ranks come from the
 plan like any other node's.
 
@@ -29,7 +29,7 @@ from dagrl import telemetry
 from dagrl.batch import Batch
 from dagrl_worker.executors.base import StepContext
 from dagrl_worker.metrics import Reduce
-from dagrl_worker.reward_models import RewardModel
+from dagrl_worker.rewards.scorers import RewardModel
 
 RM_SCORES = "rm_scores"  # [B] float32: what a reward-model node adds
 

@@ -1,6 +1,6 @@
 """The frozen models of MODEL_INFERENCE + REWARD nodes, as `AgentModels` holds them: a reward
 model (a sequence classifier and its tokenizer) or an LLM judge (a causal LM behind a rollout
-backend). How they score is the executors' (`executors/reward_model.py`, `executors/judge.py`);
+backend). How they score is the nodes' executors' (`reward_model.py`, `judge.py`);
 which node gets which model, `builder.build_scorer`'s.
 """
 
