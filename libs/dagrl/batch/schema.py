@@ -7,8 +7,8 @@ node adds them and a one-line doc. Code writes `fields.RESPONSE_MASK`, not `"res
 `EXECUTOR_READS` / `EXECUTOR_WRITES` say, per built-in executor kind (the node kinds the
 worker's `executors.table.build_executor` maps), which fields it needs and adds; `reads` adds
 those that depend on the job's options. The job check (`dagrl.job_rules`) refuses a workflow
-whose node reads a built-in field no node upstream of it writes. Shapes use the dims `batch` (samples),
-`prompt` (P, left-padded), `response` (R, right-padded) and `sequence` (P + R).
+whose node reads a built-in field no node upstream of it writes. Shapes use the dims `batch`
+(samples), `prompt` (P, left-padded), `response` (R, right-padded) and `sequence` (P + R).
 
 Torch-free on purpose: the scheduler runs the job check without torch (dtypes are torch's
 names as strings).
