@@ -133,7 +133,7 @@ class Driver:
         if staleness is None:
             return SynchronousLoop(parts)
         sides = rank_sides(self.spec.workflow(), self.spec.plan_view())
-        return Pipeline(parts, sides, staleness, self.outcome.timeline)
+        return Pipeline(parts, sides, staleness)
 
     def _end(self, state: JobState, reason: str = "") -> JobOutcome:
         self.outcome.state, self.outcome.reason = state, reason

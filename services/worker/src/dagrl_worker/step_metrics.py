@@ -8,6 +8,7 @@ nor when a step runs (the training loops).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 
 from dagrl.telemetry import names
@@ -80,6 +81,11 @@ class StepRecorder:
         self.outcome.last_step = step
         self.tracker.log(metrics, step)
         self.progress.report(step, self.total_steps, metrics)
+
+    def record_side_task(self, side: str, step: int, started: float) -> None:
+        """Asynchronous training: one side's task of `step`, from `started` to now
+        (perf_counter seconds), into the outcome's timeline."""
+        self.outcome.timeline.append((side, step, started, time.perf_counter()))
 
     def record_validation(self, step: int, summaries: Sequence[Summary]) -> None:
         metrics = merge(summaries)

@@ -71,13 +71,11 @@ class StepRecord:
 class Pipeline:
     """The pipelined training loop (`training_loop.TrainingLoop`)."""
 
-    def __init__(self, parts: LoopParts, sides: RankSides, max_staleness: int,
-                 timeline: list[tuple[str, int, float, float]]) -> None:
+    def __init__(self, parts: LoopParts, sides: RankSides, max_staleness: int) -> None:
         self.parts = parts
         self.group = parts.group
         self.sides = sides
         self.k = max_staleness
-        self.timeline = timeline  # (side, step, start, end) per side task
 
     def run(self, first_step: int, total: int) -> None:
         self._begin(first_step, total)
@@ -182,7 +180,7 @@ class Pipeline:
         return metrics
 
     def _log_task(self, task: SideTask) -> None:
-        self.timeline.append((task.side, task.step, task.started, time.perf_counter()))
+        self.parts.recorder.record_side_task(task.side, task.step, task.started)
 
     # ------------------------------------------------------------------ schedule
     def _after_step(self, step: int) -> None:
