@@ -143,7 +143,7 @@ def command(process: psutil.Process) -> str:
 
 def assert_everything_was_started(run: Run) -> None:
     commands = [command(p) for p in run.started]
-    for part in ("redis-server", "dagrl_metrics", "dagrl_scheduler", "dagrl_worker.driver",
+    for part in ("redis-server", "dagrl_metrics", "dagrl_scheduler", "-m dagrl_worker --job-id",
                  "gcs_server", "raylet", "ray::DAGWorkerActor"):
         assert any(part in c for c in commands), f"no {part} among {commands}"
 

@@ -29,7 +29,7 @@ TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 IMAGE_ENTRY_MODULES = {
     "services/metrics/Dockerfile": ["dagrl_metrics.__main__"],
     "services/databuffer/Dockerfile": ["dagrl_databuffer.__main__"],
-    "services/scheduler/Dockerfile": ["dagrl_scheduler.__main__", "dagrl_worker.driver"],
+    "services/scheduler/Dockerfile": ["dagrl_scheduler.__main__", "dagrl_worker.__main__"],
     "services/worker/Dockerfile": ["ray.scripts.scripts", "dagrl_worker.actors"],
 }
 

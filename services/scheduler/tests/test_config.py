@@ -12,7 +12,7 @@ def test_defaults_bind_loopback_on_50051() -> None:
     config = SchedulerConfig.from_env({})
     assert (config.host, config.port, config.redis_url, config.token) == (
         "127.0.0.1", 50051, None, None)
-    assert config.driver_command[1:] == ("-m", "dagrl_worker.driver")
+    assert config.driver_command[1:] == ("-m", "dagrl_worker")
 
 
 def test_environment_then_flags() -> None:

@@ -7,7 +7,7 @@
                                                   (every RPC with `--private`)
     DAGRL_RAY_ADDRESS               (none)        passed to the driver as --ray-address
     DAGRL_SCHEDULER_LOG_DIR         <tmp>/dagrl-scheduler/logs   one driver log per job
-    DAGRL_SCHEDULER_DRIVER_COMMAND  python -m dagrl_worker.driver   the driver to launch
+    DAGRL_SCHEDULER_DRIVER_COMMAND  python -m dagrl_worker   the driver to launch
     DAGRL_SCHEDULER_CANCEL_GRACE_S  10            SIGTERM -> SIGKILL wait when cancelling
     DAGRL_SCHEDULER_MAX_WORKERS     16            gRPC threads for unary RPCs (Submit, Get, ...)
     DAGRL_SCHEDULER_MAX_STREAMS     64            open WatchJob streams (more: RESOURCE_EXHAUSTED)
@@ -37,7 +37,7 @@ from typing import Any
 from dagrl.errors import ConfigError
 
 DEFAULT_PORT = 50051
-DEFAULT_DRIVER_COMMAND = (sys.executable, "-m", "dagrl_worker.driver")
+DEFAULT_DRIVER_COMMAND = (sys.executable, "-m", "dagrl_worker")
 
 
 def default_log_dir() -> str:

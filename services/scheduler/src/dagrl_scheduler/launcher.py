@@ -1,6 +1,6 @@
 """Start, signal and watch job driver processes. The scheduler never imports worker code.
 
-The driver is a command (a setting, default `python -m dagrl_worker.driver`) run as its own
+The driver is a command (a setting, default `python -m dagrl_worker`) run as its own
 session (process group), with `--job-id JOB --redis-url URL [--ray-address ADDR]` appended; its
 stdout and stderr go to `<log_dir>/<job_id>.log`. Cancelling sends SIGTERM to the driver, then
 SIGKILL to its whole process group after a grace period, so nothing it started outlives it.

@@ -3,7 +3,7 @@
 The scheduler plans ranks onto named machines (`RankPlacement.node_name`) that meet each
 subgraph's declared needs (device kind, device memory). Here each planned machine is bound
 to a distinct live Ray node that can hold it; the driver then asks Ray for one placement group
-per machine, strictly packed on that node (`driver._start_workers`). A plan the live cluster
+per machine, strictly packed on that node (`WorkerGroup.start`). A plan the live cluster
 cannot satisfy fails here, before any worker starts, naming what is missing.
 
 A Ray node tells what it is through labels (`dagrl.ray_nodes`: machine name, device kind,

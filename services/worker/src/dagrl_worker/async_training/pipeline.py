@@ -31,30 +31,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import ray
 
 from dagrl import telemetry
-from dagrl.config import JobConfig
 from dagrl.telemetry import names
 from dagrl_worker.async_training.rank_sides import RankSides
-from dagrl_worker.spec import WorkerSpec
-
-
-class StepHost(Protocol):
-    """What the pipeline needs of the driver (`driver.Driver`)."""
-
-    spec: WorkerSpec
-    config: JobConfig
-    job_context: dict[str, str]
-    outcome: Any  # JobOutcome: its timeline gets the side tasks
-
-    def check_cancel(self) -> None: ...
-    def merge(self, summaries: list[Any], elapsed: float) -> dict[str, float]: ...
-    def finish_step(self, step: int, metrics: dict[str, float]) -> None: ...
-    def validate(self, workers: list[Any], step: int) -> None: ...
-
+from dagrl_worker.training_loop import LoopParts, is_save_step, is_test_step
 
 WAIT_SLICE_S = 1.0  # how often the loop looks at cancellation while tasks run
 
@@ -85,14 +69,28 @@ class StepRecord:
 
 
 class Pipeline:
-    def __init__(self, driver: StepHost, workers: list[Any], sides: RankSides,
-                 first_step: int, total: int, max_staleness: int) -> None:
-        self.driver = driver
-        self.workers = workers
-        self.rollout_workers = [workers[r] for r in sides.rollout]
-        self.training_workers = [workers[r] for r in sides.training]
-        self.first_step, self.total = first_step, total
+    """The pipelined training loop (`training_loop.TrainingLoop`)."""
+
+    def __init__(self, parts: LoopParts, sides: RankSides, max_staleness: int) -> None:
+        self.parts = parts
+        self.group = parts.group
+        self.sides = sides
         self.k = max_staleness
+
+    def run(self, first_step: int, total: int) -> None:
+        self._begin(first_step, total)
+        while self.trained < self.total:
+            self.parts.check_cancel()
+            self._launch_rollout()
+            self._launch_training()
+            self._wait()
+            if self.rollout is not None and self.rollout.done():
+                self._finish_rollout()
+            if self.training is not None and self.training.done():
+                self._finish_training()
+
+    def _begin(self, first_step: int, total: int) -> None:
+        self.total = total
         self.trained = first_step - 1  # the trainers' policy version
         self.loaded = first_step - 1  # the rollout side's
         self.published: tuple[int, list[Any]] = (first_step - 1, [])  # version, refs
@@ -103,20 +101,8 @@ class Pipeline:
         now = time.perf_counter()
         self.rollout_idle_since = self.trainer_idle_since = self.last_trained_at = now
         self.rollout_idle = self.trainer_idle = 0.0
-        self.timeline = driver.outcome.timeline
 
-    # ------------------------------------------------------------------ loop
-    def run(self) -> None:
-        while self.trained < self.total:
-            self.driver.check_cancel()
-            self._launch_rollout()
-            self._launch_training()
-            self._wait()
-            if self.rollout is not None and self.rollout.done():
-                self._finish_rollout()
-            if self.training is not None and self.training.done():
-                self._finish_training()
-
+    # ------------------------------------------------------------------ sides
     def _launch_rollout(self) -> None:
         step = self.next_rollout
         if self.rollout is not None or step > self.total:
@@ -124,20 +110,17 @@ class Pipeline:
         newest, refs = self.published
         if step - 1 - self.k > newest:  # the rule needs a version not trained yet
             return
-        if newest > self.loaded:
-            for worker in self.rollout_workers:  # runs before the step on each rank
-                worker.receive_weights.remote(newest, *refs)
+        if newest > self.loaded:  # runs before the step on each rank
+            self.group.receive_weights(self.sides.rollout, newest, refs)
             self.loaded = newest
         now = time.perf_counter()
         self.rollout_idle += now - self.rollout_idle_since
         span = telemetry.open_step_span(
-            step, self.driver.spec.job_id, link=self.driver.job_context,
-            attrs={telemetry.ATTR_NUM_RANKS: len(self.workers)})
+            step, self.parts.job_id, link=self.parts.job_context,
+            attrs={telemetry.ATTR_NUM_RANKS: len(self.group)})
         self.steps[step] = StepRecord(span, rollout_version=self.loaded)
-        carrier = span.carrier()
-        self.rollout = SideTask("rollout", step,
-                                [w.run_step.remote(step, carrier) for w in self.rollout_workers],
-                                now, self.loaded)
+        refs = self.group.submit_step(step, span.carrier(), self.sides.rollout)
+        self.rollout = SideTask("rollout", step, refs, now, self.loaded)
         self.next_rollout += 1
 
     def _launch_training(self) -> None:
@@ -147,10 +130,8 @@ class Pipeline:
             return
         now = time.perf_counter()
         self.trainer_idle += now - self.trainer_idle_since
-        carrier = record.span.carrier()
-        self.training = SideTask("training", step,
-                                 [w.run_step.remote(step, carrier)
-                                  for w in self.training_workers], now)
+        refs = self.group.submit_step(step, record.span.carrier(), self.sides.training)
+        self.training = SideTask("training", step, refs, now)
 
     def _wait(self) -> None:
         pending = [ref for task in (self.rollout, self.training) if task is not None
@@ -175,19 +156,18 @@ class Pipeline:
         self._log_task(task)
         self.training = None
         self.trained = task.step
-        refs = [w.publish_weights.remote() for w in self.training_workers]
-        self.published = (task.step, refs)
+        self.published = (task.step, self.group.publish_weights(self.sides.training))
         now = time.perf_counter()
         self.trainer_idle_since = now
         record = self.steps.pop(task.step)
-        metrics = self.driver.merge(record.rollout_summaries + summaries,
+        metrics = self.parts.recorder.merge(record.rollout_summaries + summaries,
                                     now - self.last_trained_at)
         self.last_trained_at = now
         metrics.update(self._async_metrics(record))
         for name, value in metrics.items():
             record.span.record_metric(name, value)
         record.span.end()
-        self.driver.finish_step(task.step, metrics)
+        self.parts.recorder.finish_step(task.step, metrics)
         self._after_step(task.step)
 
     def _async_metrics(self, record: StepRecord) -> dict[str, float]:
@@ -200,24 +180,22 @@ class Pipeline:
         return metrics
 
     def _log_task(self, task: SideTask) -> None:
-        self.timeline.append((task.side, task.step, task.started, time.perf_counter()))
+        self.parts.recorder.record_side_task(task.side, task.step, task.started)
 
     # ------------------------------------------------------------------ schedule
     def _after_step(self, step: int) -> None:
-        trainer = self.driver.config.trainer
-        is_last = step == self.total
-        if trainer.save_freq > 0 and (step % trainer.save_freq == 0 or is_last):
+        trainer = self.parts.trainer
+        if is_save_step(trainer, step, self.total):
             ahead = tuple(sorted(s for s in self.steps if s > step))
             # the rollout ranks save after the step they are running: the save is collective
-            ray.get([w.save_checkpoint.remote(step, ahead) for w in self.workers])
-        if trainer.test_freq > 0 and (step % trainer.test_freq == 0 or is_last):
+            self.group.save_checkpoint(step, ahead)
+        if is_test_step(trainer, step, self.total):
             self._drain_rollout()
             newest, refs = self.published
             if newest > self.loaded:
-                ray.get([w.receive_weights.remote(newest, *refs)
-                         for w in self.rollout_workers])
+                ray.get(self.group.receive_weights(self.sides.rollout, newest, refs))
                 self.loaded = newest
-            self.driver.validate(self.workers, step)
+            self.parts.recorder.record_validation(step, self.group.validate(step))
 
     def _drain_rollout(self) -> None:
         """Let the rollout in flight finish (validation runs on every rank)."""
