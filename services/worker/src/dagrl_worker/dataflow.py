@@ -22,6 +22,7 @@ import torch
 
 from dagrl import telemetry
 from dagrl.batch import GROUP_ID, UID, Batch
+from dagrl.batch import schema as fields
 from dagrl.config import ServicesConfig
 from dagrl.envs import is_chain_rollout, row_origin
 from dagrl.errors import BatchError
@@ -220,7 +221,7 @@ def join_by_uid(parts: list[Batch]) -> Batch:
                                  "one parent edge but not the other")
             other = other.select([position[u] for u in joined.uids])
         shared = set(joined.field_names) & set(other.field_names)
-        joined = joined.union(other.without_fields(shared - {"uid", "group_id"}))
+        joined = joined.union(other.without_fields(shared - {fields.UID, fields.GROUP_ID}))
     return joined
 
 
@@ -228,12 +229,12 @@ def scores_by_lineage(parents: Batch, children: Batch) -> Batch:
     """`token_level_scores` [B, R] for the `parents` rows: each sample's score is the mean
     sequence score of its children (rows whose `parent_uid` is its uid), on its last
     response token, like `RewardExecutor` puts it."""
-    if "token_level_scores" not in children:
+    if fields.TOKEN_LEVEL_SCORES not in children:
         raise BatchError("fan-in by lineage: the later agent's samples carry no "
                          "'token_level_scores'; join after the REWARD node that scores them")
     totals: dict[str, list[float]] = {}
     for parent, score in zip(children.columns[PARENT_UID],
-                             children.tensors["token_level_scores"].sum(dim=1).tolist(),
+                             children.tensors[fields.TOKEN_LEVEL_SCORES].sum(dim=1).tolist(),
                              strict=True):
         totals.setdefault(parent, []).append(score)
     orphans = [uid for uid in parents.uids if uid not in totals]
@@ -245,12 +246,12 @@ def scores_by_lineage(parents: Batch, children: Batch) -> Batch:
     if orphans:
         raise BatchError(f"fan-in by lineage: {len(orphans)} samples (e.g. {orphans[0]!r}) "
                          "have no later-agent sample scored; every sample must be answered")
-    mask = parents.tensors["response_mask"]  # [B, R]
+    mask = parents.tensors[fields.RESPONSE_MASK]  # [B, R]
     scores = torch.zeros(mask.shape, dtype=torch.float32)  # [B, R]
     last = (mask.sum(dim=1) - 1).clamp(min=0)  # [B]
     for row, uid in enumerate(parents.uids):
         scores[row, last[row]] = sum(totals[uid]) / len(totals[uid])
-    return Batch(tensors={"token_level_scores": scores},
+    return Batch(tensors={fields.TOKEN_LEVEL_SCORES: scores},
                  columns={UID: list(parents.uids), GROUP_ID: list(parents.group_ids)})
 
 

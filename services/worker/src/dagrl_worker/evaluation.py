@@ -34,6 +34,7 @@ import torch
 
 from dagrl import telemetry
 from dagrl.batch import Batch
+from dagrl.batch import schema as fields
 from dagrl.workflow import NodeRole, TaskGraph
 from dagrl_worker.dataflow import EdgeRouter, ShardStore
 from dagrl_worker.executors.base import StepContext
@@ -93,7 +94,7 @@ def evaluate(run: EvaluationRun, rows: PromptRows) -> Summary:
         return sink.summary()
     finals = [n for n in final_rewards(run.graph) if n in run.order]
     scored: dict[str, list[Batch]] = {n: [] for n in finals}
-    count = len(rows["index"])
+    count = len(rows[fields.INDEX])
     chunks = max(1, math.ceil(count / _chunk_prompts(run, wanted)))
     for chunk in range(chunks):
         start, stop = chunk * count // chunks, (chunk + 1) * count // chunks
@@ -127,7 +128,7 @@ def _record(sink: MetricSink, batches: list[Batch], n: int) -> None:
     by_source: dict[str, list[float]] = defaultdict(list)
     by_group: dict[tuple[str, str], list[float]] = defaultdict(list)
     for batch in batches:
-        totals = batch.tensors["token_level_scores"].sum(dim=1).tolist()  # [B]
+        totals = batch.tensors[fields.TOKEN_LEVEL_SCORES].sum(dim=1).tolist()  # [B]
         for source, group, score in zip(batch.columns["data_source"], batch.group_ids,
                                         totals, strict=True):
             by_source[source].append(score)

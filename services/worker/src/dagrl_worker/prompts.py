@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from dagrl.batch import GROUP_ID, UID, Batch
+from dagrl.batch import schema as fields
 from dagrl.config import JobConfig
 from dagrl.data import PromptDataset, StatefulPromptLoader
 from dagrl.data.job_files import too_few_prompts
@@ -45,7 +46,7 @@ def prompts_to_batch(rows: PromptRows, pad_token_id: int, uid_prefix: str) -> Ba
 
     Every prompt gets uid `<uid_prefix>:<dataset index>`, which is also its group_id.
     """
-    ids = rows["prompt_ids"]
+    ids = rows[fields.PROMPT_IDS]
     width = max((len(x) for x in ids), default=1)
     prompt_ids = torch.full((len(ids), width), pad_token_id, dtype=torch.long)  # [B, P]
     prompt_mask = torch.zeros((len(ids), width), dtype=torch.long)  # [B, P]
@@ -53,10 +54,11 @@ def prompts_to_batch(rows: PromptRows, pad_token_id: int, uid_prefix: str) -> Ba
         if tokens:
             prompt_ids[i, width - len(tokens):] = torch.tensor(tokens, dtype=torch.long)
             prompt_mask[i, width - len(tokens):] = 1
-    uids = [f"{uid_prefix}:{index}" for index in rows["index"]]
-    columns = {key: list(values) for key, values in rows.items() if key != "prompt_ids"}
+    uids = [f"{uid_prefix}:{index}" for index in rows[fields.INDEX]]
+    columns = {key: list(values) for key, values in rows.items() if key != fields.PROMPT_IDS}
     columns.update({UID: uids, GROUP_ID: list(uids)})
-    return Batch(tensors={"prompt_ids": prompt_ids, "prompt_mask": prompt_mask}, columns=columns)
+    return Batch(tensors={fields.PROMPT_IDS: prompt_ids, fields.PROMPT_MASK: prompt_mask},
+                 columns=columns)
 
 
 class PromptSource:

@@ -27,6 +27,7 @@ import openai
 import torch
 
 from dagrl.batch import UID, Batch
+from dagrl.batch import schema as fields
 from dagrl_worker.agents.gateway import Gateway
 from dagrl_worker.agents.sessions import Sequence, Session
 from dagrl_worker.async_training.staleness import ROLLOUT_VERSION
@@ -111,9 +112,9 @@ def episodes_to_batch(samples: Batch, outcomes: list[EpisodeOutcome], pad_token_
     rows = samples.select([i for i, _, _ in picks])
     uids = [uid if k == 0 else f"{uid}#{k}" for uid, (_, k, _) in zip(
         rows.columns[UID], picks, strict=True)]
-    prompts = prompts_to_batch({"prompt_ids": [seq.prompt_ids for _, _, seq in picks],
-                                "index": list(range(len(picks)))}, pad_token_id, "agent")
-    rows = rows.without_fields(["prompt_ids", "prompt_mask"]).with_fields(
+    prompts = prompts_to_batch({fields.PROMPT_IDS: [seq.prompt_ids for _, _, seq in picks],
+                                fields.INDEX: list(range(len(picks)))}, pad_token_id, "agent")
+    rows = rows.without_fields([fields.PROMPT_IDS, fields.PROMPT_MASK]).with_fields(
         tensors=prompts.tensors, columns={UID: uids})
     episodes = [_as_episode(seq, outcomes[i].reward) for i, _, seq in picks]
     if any(len(e.response_ids) > width for e in episodes):
@@ -121,7 +122,7 @@ def episodes_to_batch(samples: Batch, outcomes: list[EpisodeOutcome], pad_token_
                          "endpoint keeps every sequence within it, so this is a bug")
     out = turns_to_batch(rows, episodes, pad_token_id, width)
     if rewarded and not any(rewarded):  # the REWARD node scores the answers
-        out = out.without_fields(["token_level_scores"])
+        out = out.without_fields([fields.TOKEN_LEVEL_SCORES])
     versions = torch.tensor([seq.version for _, _, seq in picks], dtype=torch.long)  # [B]
     return out.with_fields(tensors={ROLLOUT_VERSION: versions})
 

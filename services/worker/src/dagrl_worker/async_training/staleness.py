@@ -18,6 +18,7 @@ import torch
 
 from dagrl import telemetry
 from dagrl.batch import Batch
+from dagrl.batch import schema as fields
 from dagrl_worker.metrics import MetricSink, Reduce
 
 ROLLOUT_VERSION = "rollout_version"  # [B] int64: the policy version a sample came from
@@ -53,5 +54,6 @@ def guard_staleness(batch: Batch, policy_version: int, max_staleness: int | None
     sink.add(telemetry.KEY_ASYNC_STALE_DROPPED, float(stale.sum()), Reduce.SUM)
     if not bool(stale.any()):
         return batch
-    keep = (~stale).to(batch.tensors["response_mask"].dtype)[:, None]  # [B, 1]
-    return batch.with_fields(tensors={"response_mask": batch.tensors["response_mask"] * keep})
+    keep = (~stale).to(batch.tensors[fields.RESPONSE_MASK].dtype)[:, None]  # [B, 1]
+    mask = batch.tensors[fields.RESPONSE_MASK]
+    return batch.with_fields(tensors={fields.RESPONSE_MASK: mask * keep})

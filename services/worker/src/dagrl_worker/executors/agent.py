@@ -21,6 +21,7 @@ from transformers import PreTrainedTokenizerBase
 
 from dagrl import telemetry
 from dagrl.batch import Batch
+from dagrl.batch import schema as fields
 from dagrl.config import DataConfig
 from dagrl.envs import AgentOptions
 from dagrl.errors import ConfigError, DagrlError
@@ -77,7 +78,7 @@ class AgentRolloutExecutor:
             out = episodes_to_batch(samples, run.outcomes, int(self.tokenizer.pad_token_id),
                                     width)
             span.set_batch_size(len(out))
-            span.add_tokens(int(out.tensors["response_mask"].sum()))
+            span.add_tokens(int(out.tensors[fields.RESPONSE_MASK].sum()))
         if run.outcomes:
             _add_metrics(ctx, run, out)
         return out
@@ -146,7 +147,7 @@ def _add_metrics(ctx: StepContext, run: AgentRun, out: Batch) -> None:
     sink.add(telemetry.KEY_AGENT_GENERATE_S, generate_s, Reduce.SUM)
     sink.add(telemetry.KEY_AGENT_TOOL_S, max(sum(o.seconds for o in done) - generate_s, 0.0),
              Reduce.SUM)
-    policy_tokens = out.tensors["response_mask"].sum(dim=1).float()  # [B]
+    policy_tokens = out.tensors[fields.RESPONSE_MASK].sum(dim=1).float()  # [B]
     if len(out):
         sink.add(telemetry.KEY_NUM_TURNS_MEAN, sum(out.columns["num_turns"]) / len(out),
                  Reduce.MEAN, weight=len(out))

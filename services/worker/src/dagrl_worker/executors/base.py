@@ -21,6 +21,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from dagrl.algorithms import KLController
 from dagrl.batch import Batch
+from dagrl.batch import schema as fields
 from dagrl.config import JobConfig
 from dagrl.errors import InvalidInputError
 from dagrl_worker.metrics import MetricSink
@@ -82,9 +83,11 @@ class Executor(Protocol):
 
 
 def response_tokens(batch: Batch) -> float:
-    return float(batch.tensors["response_mask"].sum()) if "response_mask" in batch else 0.0
+    if fields.RESPONSE_MASK not in batch:
+        return 0.0
+    return float(batch.tensors[fields.RESPONSE_MASK].sum())
 
 
 def sequence_scores(batch: Batch) -> torch.Tensor:
     """Each sample's total token-level score. # [B]"""
-    return batch.tensors["token_level_scores"].sum(dim=1)
+    return batch.tensors[fields.TOKEN_LEVEL_SCORES].sum(dim=1)

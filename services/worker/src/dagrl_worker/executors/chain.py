@@ -24,6 +24,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from dagrl.batch import GROUP_ID, UID, Batch
+from dagrl.batch import schema as fields
 from dagrl.envs.options import CHAIN_PREFIX
 from dagrl.errors import InvalidInputError
 from dagrl_worker.dataflow import PARENT_UID, chained_group_id
@@ -46,18 +47,18 @@ class ChainRolloutExecutor:
 
     def chained_prompts(self, parents: Batch) -> Batch:
         """One left-padded prompt (`prompt_ids`/`prompt_mask` [B, P']) per parent sample."""
-        if "responses" not in parents:
+        if fields.RESPONSES not in parents:
             raise InvalidInputError(
                 f"node {self.node_id!r} has a chain_template but its input has no "
                 f"'responses' (fields: {sorted(parents.field_names)}); make it depend on the "
                 "previous agent's ROLLOUT node, or remove chain_template")
-        width = parents.tensors["prompts"].shape[1]
-        attention = parents.tensors["attention_mask"]  # [B, P+R]
+        width = parents.tensors[fields.PROMPTS].shape[1]
+        attention = parents.tensors[fields.ATTENTION_MASK]  # [B, P+R]
         contexts = [
             prompt[p_mask.bool()].tolist() + response[r_mask.bool()].tolist() + self.suffix
             for prompt, p_mask, response, r_mask in zip(
-                parents.tensors["prompts"], attention[:, :width], parents.tensors["responses"],
-                attention[:, width:], strict=True)]
+                parents.tensors[fields.PROMPTS], attention[:, :width],
+                parents.tensors[fields.RESPONSES], attention[:, width:], strict=True)]
         longest = max((len(c) for c in contexts), default=1)
         ids = torch.full((len(contexts), longest), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(contexts), longest), dtype=torch.long)  # [B, P']
@@ -67,6 +68,6 @@ class ChainRolloutExecutor:
                 mask[row, longest - len(context):] = 1
         own = [chained_group_id(uid, self.agent_group) for uid in parents.uids]
         kept = parents.without_fields([*parents.tensors, NUM_TURNS])
-        return kept.with_fields(tensors={"prompt_ids": ids, "prompt_mask": mask},
+        return kept.with_fields(tensors={fields.PROMPT_IDS: ids, fields.PROMPT_MASK: mask},
                                 columns={PARENT_UID: list(parents.uids), UID: own,
                                          GROUP_ID: list(own)})

@@ -19,6 +19,7 @@ from dagrl.algorithms import (
     kl_penalty,
 )
 from dagrl.batch import Batch
+from dagrl.batch import schema as fields
 from dagrl.batch.layout import concat_aligned
 from dagrl.config import AlgorithmConfig, FilterGroupsConfig
 from dagrl_worker.executors.base import StepContext, response_tokens, sequence_scores
@@ -54,11 +55,11 @@ class AdvantageExecutor:
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
         algorithm = self.settings
-        mask = batch.tensors["response_mask"].float()  # [B, R]
-        rewards = batch.tensors["token_level_scores"]  # [B, R]
-        if algorithm.use_kl_in_reward and "ref_log_probs" in batch:
-            kl = kl_penalty(batch.tensors["old_log_probs"], batch.tensors["ref_log_probs"],
-                            algorithm.kl_penalty)
+        mask = batch.tensors[fields.RESPONSE_MASK].float()  # [B, R]
+        rewards = batch.tensors[fields.TOKEN_LEVEL_SCORES]  # [B, R]
+        if algorithm.use_kl_in_reward and fields.REF_LOG_PROBS in batch:
+            kl = kl_penalty(batch.tensors[fields.OLD_LOG_PROBS],
+                            batch.tensors[fields.REF_LOG_PROBS], algorithm.kl_penalty)
             rewards, mean_kl = apply_kl_penalty(rewards, kl, mask, ctx.kl_controller.value)
             ctx.sink.add(telemetry.KEY_REWARD_KL_PENALTY, float(mean_kl), Reduce.MEAN,
                          weight=len(batch))
@@ -66,7 +67,7 @@ class AdvantageExecutor:
             ctx.kl_controller.update(float(mean_kl), len(batch))
         inputs = AdvantageInputs(
             token_level_rewards=rewards, response_mask=mask,
-            values=batch.tensors.get("values"), group_ids=batch.group_ids,
+            values=batch.tensors.get(fields.VALUES), group_ids=batch.group_ids,
             gamma=algorithm.gamma, lam=algorithm.lam,
             norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo)
         advantages, returns = compute_advantage(self.estimator, inputs)
@@ -80,8 +81,8 @@ class AdvantageExecutor:
         fit = None if inputs.values is None else explained_variance(inputs.values, returns, mask)
         if fit is not None:  # a token-weighted mean of each rank's figure
             ctx.sink.add(telemetry.KEY_VF_EXPLAINED_VAR, fit, Reduce.MEAN, weight=tokens)
-        return batch.with_fields(tensors={"token_level_rewards": rewards,
-                                          "advantages": advantages, "returns": returns})
+        return batch.with_fields(tensors={fields.TOKEN_LEVEL_REWARDS: rewards,
+                                          fields.ADVANTAGES: advantages, fields.RETURNS: returns})
 
 
 class DynamicSamplingExecutor:

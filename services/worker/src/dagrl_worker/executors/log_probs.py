@@ -23,6 +23,7 @@ import torch
 
 from dagrl import telemetry
 from dagrl.batch import Batch
+from dagrl.batch import schema as fields
 from dagrl.config import JobConfig, RefConfig, RolloutConfig
 from dagrl.errors import InvalidInputError
 from dagrl.workflow import NodeRole, NodeType, TaskGraph
@@ -85,7 +86,7 @@ class OldLogProbExecutor:
         if self.use_rollout_log_probs:
             rollout_log_probs = require_rollout_log_probs(batch)
             ctx.sink.add(telemetry.KEY_OLD_LOG_PROB_SKIPPED, 1.0, Reduce.MAX)
-            return batch.with_fields(tensors={"old_log_probs": rollout_log_probs})
+            return batch.with_fields(tensors={fields.OLD_LOG_PROBS: rollout_log_probs})
         if self.in_update:
             ctx.sink.add(telemetry.KEY_OLD_LOG_PROB_SKIPPED, 1.0, Reduce.MAX)
             return batch
@@ -94,9 +95,9 @@ class OldLogProbExecutor:
         with telemetry.phase_span(telemetry.SPAN_LOG_PROB), ctx.sink.compute():
             log_probs = compute_log_probs(target, batch, forward.micro, forward.temperature,
                                           forward.remove_padding)
-        if "rollout_log_probs" in batch:
+        if fields.ROLLOUT_LOG_PROBS in batch:
             record_mismatch(log_probs, batch, ctx.sink)
-        return batch.with_fields(tensors={"old_log_probs": log_probs})
+        return batch.with_fields(tensors={fields.OLD_LOG_PROBS: log_probs})
 
 
 class ReferenceLogProbExecutor:
@@ -134,7 +135,7 @@ class ReferenceLogProbExecutor:
                     log_probs = compute_log_probs(forward_module(self.actor), batch,
                                                   forward.micro, forward.temperature,
                                                   forward.remove_padding)
-        return batch.with_fields(tensors={"ref_log_probs": log_probs})
+        return batch.with_fields(tensors={fields.REF_LOG_PROBS: log_probs})
 
     @contextlib.contextmanager
     def _on_device(self, module: torch.nn.Module) -> Iterator[None]:
@@ -149,13 +150,13 @@ class ReferenceLogProbExecutor:
 
 
 def require_rollout_log_probs(batch: Batch) -> torch.Tensor:
-    if "rollout_log_probs" not in batch:
+    if fields.ROLLOUT_LOG_PROBS not in batch:
         raise InvalidInputError(
             "actor.use_rollout_log_probs and algorithm.rollout_correction need the rollout's "
             "log-probs (`rollout_log_probs`), which this batch does not carry: the hf and vllm "
             "backends add them, single- and multi-turn; a custom rollout must add them too, "
             "or turn both off for this workflow")
-    return batch.tensors["rollout_log_probs"]
+    return batch.tensors[fields.ROLLOUT_LOG_PROBS]
 
 
 def single_pass_update(config: JobConfig) -> bool:

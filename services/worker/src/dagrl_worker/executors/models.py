@@ -11,6 +11,7 @@ import math
 
 from dagrl import telemetry
 from dagrl.batch import Batch
+from dagrl.batch import schema as fields
 from dagrl.config import CriticConfig, JobConfig
 from dagrl_worker.executors.base import StepContext, response_tokens
 from dagrl_worker.executors.log_probs import micro_batching, require_rollout_log_probs
@@ -72,7 +73,7 @@ class ValuesExecutor:
         with ctx.sink.compute():
             values = compute_values(forward_module(self.engine), batch, self.micro,
                                     self.remove_padding)
-        return batch.with_fields(tensors={"values": values})
+        return batch.with_fields(tensors={fields.VALUES: values})
 
 
 class ActorTrainExecutor:
@@ -90,8 +91,9 @@ class ActorTrainExecutor:
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
         actor = self.update.actor
-        if actor.use_rollout_log_probs and "old_log_probs" not in batch:
-            batch = batch.with_fields(tensors={"old_log_probs": require_rollout_log_probs(batch)})
+        if actor.use_rollout_log_probs and fields.OLD_LOG_PROBS not in batch:
+            batch = batch.with_fields(
+                tensors={fields.OLD_LOG_PROBS: require_rollout_log_probs(batch)})
         if self.update.correction.mode != "off":
             require_rollout_log_probs(batch)
         update_actor(self.engine, batch, self.update, self.plan, ctx.sink)

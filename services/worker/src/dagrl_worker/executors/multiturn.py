@@ -18,6 +18,7 @@ from transformers import PreTrainedTokenizerBase
 
 from dagrl import telemetry
 from dagrl.batch import Batch
+from dagrl.batch import schema as fields
 from dagrl.envs import AgentOptions, Environment
 from dagrl_worker.executors.base import StepContext
 from dagrl_worker.executors.rollout import RolloutSampling
@@ -53,14 +54,14 @@ class MultiTurnRolloutExecutor:
         rows = [{name: values[i] for name, values in samples.columns.items()}
                 for i in range(len(samples))]
         prompts = [ids[m.bool()].tolist() for ids, m in zip(
-            samples.tensors["prompt_ids"], samples.tensors["prompt_mask"], strict=True)]
+            samples.tensors[fields.PROMPT_IDS], samples.tensors[fields.PROMPT_MASK], strict=True)]
         generate = backend_generate_fn(self.backend, self.pad_token_id, params)
         with telemetry.phase_span(telemetry.SPAN_ROLLOUT_GENERATE) as span, ctx.sink.compute():
             episodes = asyncio.run(run_episodes(rows, prompts, self.make_env, self.processor,
                                                 generate, limits))
             self.backend.sleep()  # frees the engine's cache while the rank trains (GPU)
             out = episodes_to_batch(samples, episodes, self.pad_token_id, width)
-            policy_tokens = out.tensors["response_mask"].sum(dim=1).float()  # [B]
+            policy_tokens = out.tensors[fields.RESPONSE_MASK].sum(dim=1).float()  # [B]
             span.set_batch_size(len(out))
             span.add_tokens(int(policy_tokens.sum()))
         if episodes:

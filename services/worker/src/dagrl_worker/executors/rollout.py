@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from dagrl import telemetry
 from dagrl.batch import Batch
+from dagrl.batch import schema as fields
 from dagrl.config import JobConfig
 from dagrl_worker.executors.base import StepContext
 from dagrl_worker.metrics import Reduce
@@ -70,7 +71,7 @@ class RolloutExecutor:
         with telemetry.phase_span(telemetry.SPAN_ROLLOUT_GENERATE) as span, ctx.sink.compute():
             out = self.backend.generate(batch, params)
             self.backend.sleep()  # frees the engine's cache while the rank trains (GPU)
-            lengths = out.tensors["response_mask"].sum(dim=1).float()  # [B]
+            lengths = out.tensors[fields.RESPONSE_MASK].sum(dim=1).float()  # [B]
             span.set_batch_size(len(out))
             span.add_tokens(int(lengths.sum()))
         ctx.sink.add(telemetry.KEY_TOKENS_GENERATED, float(lengths.sum()), Reduce.SUM)

@@ -13,6 +13,7 @@ import torch
 
 from dagrl import telemetry
 from dagrl.batch import Batch
+from dagrl.batch import schema as fields
 from dagrl.config.reward import LEARNED_SOURCES
 from dagrl.rewards.combine import combine_scores
 from dagrl.rewards.overlong import overlong_penalty
@@ -40,16 +41,16 @@ class RewardExecutor:
         self.max_response_length = max_response_length  # data.max_response_length
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
-        if "token_level_scores" in batch:  # scored by the rollout's environment
-            _report_scores(ctx, batch.tensors["token_level_scores"].sum(dim=1), len(batch))
+        if fields.TOKEN_LEVEL_SCORES in batch:  # scored by the rollout's environment
+            _report_scores(ctx, batch.tensors[fields.TOKEN_LEVEL_SCORES].sum(dim=1), len(batch))
             return batch
-        mask = batch.tensors["response_mask"]  # [B, R]
+        mask = batch.tensors[fields.RESPONSE_MASK]  # [B, R]
         weights = self.sources.config.weights(validating=ctx.validating)
         # only the rule and the remote service read texts (a model's scores are upstream's)
-        texts = self._decode(batch.tensors["responses"], mask, skip_special_tokens=True) \
+        texts = self._decode(batch.tensors[fields.RESPONSES], mask, skip_special_tokens=True) \
             if set(weights) - set(LEARNED_SOURCES) else []
         # the remote service sees the prompt as the policy did, chat template included
-        prompts = self._decode(batch.tensors["prompts"], _prompt_mask(batch),
+        prompts = self._decode(batch.tensors[fields.PROMPTS], _prompt_mask(batch),
                                skip_special_tokens=False) if "remote" in weights else []
         timeouts_before = self.sources.verifier.timeouts
         with telemetry.phase_span(telemetry.SPAN_REWARD_SCORE):
@@ -68,7 +69,7 @@ class RewardExecutor:
         token_scores[rows, (lengths[has_tokens] - 1)] = scores[has_tokens]
         _report_scores(ctx, scores, len(batch))
         _report_sources(ctx, by_source, self.sources.verifier.timeouts - timeouts_before)
-        return batch.with_fields(tensors={"token_level_scores": token_scores})
+        return batch.with_fields(tensors={fields.TOKEN_LEVEL_SCORES: token_scores})
 
     def _decode(self, ids: torch.Tensor, mask: torch.Tensor, *,
                 skip_special_tokens: bool) -> list[str]:
@@ -80,7 +81,7 @@ class RewardExecutor:
 
 def _prompt_mask(batch: Batch) -> torch.Tensor:
     """Which prompt tokens are real (prompts are left-padded). # [B, P]"""
-    return batch.tensors["attention_mask"][:, :batch.tensors["prompts"].shape[1]]
+    return batch.tensors[fields.ATTENTION_MASK][:, :batch.tensors[fields.PROMPTS].shape[1]]
 
 
 def _report_scores(ctx: StepContext, scores: torch.Tensor, rows: int) -> None:

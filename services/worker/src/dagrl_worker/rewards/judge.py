@@ -33,6 +33,7 @@ from transformers import PreTrainedTokenizerBase
 
 from dagrl import telemetry
 from dagrl.batch import Batch
+from dagrl.batch import schema as fields
 from dagrl.config import NodeConfig
 from dagrl.config.node import compile_judge_parser, is_judge_parser_ref
 from dagrl.errors import RewardError
@@ -45,7 +46,7 @@ from dagrl_worker.rewards.scorers import Judge
 from dagrl_worker.rollout import SamplingParams
 from dagrl_worker.rollout.base import step_seed
 
-JUDGE_SCORES = "judge_scores"  # [B] float32: what a judge node adds
+JUDGE_SCORES = fields.JUDGE_SCORES  # [B] float32: what a judge node adds
 
 
 class VerdictParser:
@@ -133,16 +134,16 @@ class JudgeExecutor:
 
     def judge_prompts(self, batch: Batch) -> list[list[int]]:
         """Each sample's judge prompt: the template filled in, as a chat user message."""
-        width = batch.tensors["prompts"].shape[1]
-        attended = batch.tensors["attention_mask"].bool()  # [B, P+R]
-        prompt_ids = [row[m].tolist() for row, m in zip(batch.tensors["prompts"],
+        width = batch.tensors[fields.PROMPTS].shape[1]
+        attended = batch.tensors[fields.ATTENTION_MASK].bool()  # [B, P+R]
+        prompt_ids = [row[m].tolist() for row, m in zip(batch.tensors[fields.PROMPTS],
                                                          attended[:, :width], strict=True)]
-        response_ids = [row[m].tolist() for row, m in zip(batch.tensors["responses"],
+        response_ids = [row[m].tolist() for row, m in zip(batch.tensors[fields.RESPONSES],
                                                            attended[:, width:], strict=True)]
         decode = self.policy_tokenizer.batch_decode
         prompts = decode(prompt_ids, skip_special_tokens=True) if prompt_ids else []
         responses = decode(response_ids, skip_special_tokens=True) if response_ids else []
-        truths = batch.columns.get("ground_truth", [""] * len(batch))
+        truths = batch.columns.get(fields.GROUND_TRUTH, [""] * len(batch))
         return [encode_chat_prompt(self.judge.tokenizer, [{"role": "user", "content":
                 self.options.template.format(prompt=p, response=r, ground_truth=t)}])
                 for p, r, t in zip(prompts, responses, truths, strict=True)]
@@ -160,11 +161,12 @@ class JudgeExecutor:
         size = self.options.micro_batch_size
         for start in range(0, len(prompts), size):
             chunk = prompts[start:start + size]
-            rows: PromptRows = {"prompt_ids": list(chunk),
-                                "index": list(range(start, start + len(chunk)))}
+            rows: PromptRows = {fields.PROMPT_IDS: list(chunk),
+                                fields.INDEX: list(range(start, start + len(chunk)))}
             out = self.judge.backend.generate(prompts_to_batch(rows, pad, "judge"), params)
-            mask = out.tensors["response_mask"].bool()  # [b, V]
-            ids = [row[m].tolist() for row, m in zip(out.tensors["responses"], mask, strict=True)]
+            mask = out.tensors[fields.RESPONSE_MASK].bool()  # [b, V]
+            responses = out.tensors[fields.RESPONSES]
+            ids = [row[m].tolist() for row, m in zip(responses, mask, strict=True)]
             texts.extend(self.judge.tokenizer.batch_decode(ids, skip_special_tokens=True))
             lengths.extend(len(i) for i in ids)
         return texts, lengths

@@ -27,11 +27,12 @@ from transformers import PreTrainedTokenizerBase
 
 from dagrl import telemetry
 from dagrl.batch import Batch
+from dagrl.batch import schema as fields
 from dagrl_worker.executors.base import StepContext
 from dagrl_worker.metrics import Reduce
 from dagrl_worker.rewards.scorers import RewardModel
 
-RM_SCORES = "rm_scores"  # [B] float32: what a reward-model node adds
+RM_SCORES = fields.RM_SCORES  # [B] float32: what a reward-model node adds
 
 
 class RewardModelExecutor:
@@ -59,8 +60,8 @@ class RewardModelExecutor:
 
     def sequences(self, batch: Batch) -> list[list[int]]:
         """Each sample's prompt + response tokens, in the reward model's vocabulary."""
-        tokens = torch.cat([batch.tensors["prompts"], batch.tensors["responses"]], dim=1)
-        attended = batch.tensors["attention_mask"].bool()  # [B, P+R]
+        tokens = torch.cat([batch.tensors[fields.PROMPTS], batch.tensors[fields.RESPONSES]], dim=1)
+        attended = batch.tensors[fields.ATTENTION_MASK].bool()  # [B, P+R]
         ids = [row[mask].tolist() for row, mask in zip(tokens, attended, strict=True)]
         if not self.model.retokenize:
             return ids

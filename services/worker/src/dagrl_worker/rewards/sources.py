@@ -18,6 +18,7 @@ from typing import Any, cast
 import torch
 
 from dagrl.batch import Batch
+from dagrl.batch import schema as fields
 from dagrl.config import RewardConfig
 from dagrl.errors import RewardError
 from dagrl.refs import resolve_ref
@@ -61,7 +62,8 @@ class RewardSources:
     def _rule_score(self, batch: Batch, row: int, text: str) -> float:
         columns = batch.columns
         extra = columns["extra_info"][row] if "extra_info" in columns else None
-        value = self.rule(columns["data_source"][row], text, columns["ground_truth"][row], extra)
+        truth = columns[fields.GROUND_TRUTH][row]
+        value = self.rule(columns["data_source"][row], text, truth, extra)
         if not isinstance(value, int | float) or not math.isfinite(value):
             raise RewardError(f"reward function returned {value!r} for sample "
                               f"{batch.uids[row]!r}; it must return a finite number")
@@ -74,7 +76,7 @@ class RewardSources:
                               "reward.remote_url")
         columns = batch.columns
         samples = [RemoteSample(
-            prompt=prompts[row], response=text, ground_truth=columns["ground_truth"][row],
+            prompt=prompts[row], response=text, ground_truth=columns[fields.GROUND_TRUTH][row],
             data_source=columns["data_source"][row],
             extra_info=columns["extra_info"][row] if "extra_info" in columns else {})
             for row, text in enumerate(texts)]

@@ -33,6 +33,7 @@ from typing import Protocol
 import torch
 
 from dagrl.batch import Batch
+from dagrl.batch import schema as fields
 
 
 @dataclass(frozen=True)
@@ -106,17 +107,17 @@ def rollout_batch(samples: Batch, responses: torch.Tensor, response_mask: torch.
     """
     if rollout_log_probs is not None:
         on_policy = response_mask.bool()  # where(): a padded step's log-prob may be -inf
-        extra = {"rollout_log_probs": torch.where(on_policy, rollout_log_probs.float(), 0.0),
+        extra = {fields.ROLLOUT_LOG_PROBS: torch.where(on_policy, rollout_log_probs.float(), 0.0),
                  **(extra or {})}
-    prompt_ids = samples.tensors["prompt_ids"]  # [B, P]
-    attention_mask = torch.cat([samples.tensors["prompt_mask"], response_attention],
+    prompt_ids = samples.tensors[fields.PROMPT_IDS]  # [B, P]
+    attention_mask = torch.cat([samples.tensors[fields.PROMPT_MASK], response_attention],
                                dim=1)  # [B, P+R]
-    return samples.without_fields(["prompt_ids", "prompt_mask"]).with_fields(tensors={
-        "prompts": prompt_ids,
-        "responses": responses,
-        "response_mask": response_mask,
-        "input_ids": torch.cat([prompt_ids, responses], dim=1),
-        "attention_mask": attention_mask,
-        "position_ids": position_ids_from_mask(attention_mask),
+    return samples.without_fields([fields.PROMPT_IDS, fields.PROMPT_MASK]).with_fields(tensors={
+        fields.PROMPTS: prompt_ids,
+        fields.RESPONSES: responses,
+        fields.RESPONSE_MASK: response_mask,
+        fields.INPUT_IDS: torch.cat([prompt_ids, responses], dim=1),
+        fields.ATTENTION_MASK: attention_mask,
+        fields.POSITION_IDS: position_ids_from_mask(attention_mask),
         **(extra or {}),
     })

@@ -30,6 +30,7 @@ from transformers import (
 )
 
 from dagrl.batch import Batch
+from dagrl.batch import schema as fields
 from dagrl_worker.rollout.base import (
     NamedTensors,
     SamplingParams,
@@ -60,8 +61,8 @@ class HFRollout:
 
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         samples = prompts.repeat_interleave(params.n)
-        prompt_ids = samples.tensors["prompt_ids"]  # [B, P]
-        prompt_mask = samples.tensors["prompt_mask"]  # [B, P]
+        prompt_ids = samples.tensors[fields.PROMPT_IDS]  # [B, P]
+        prompt_mask = samples.tensors[fields.PROMPT_MASK]  # [B, P]
         responses, log_probs = self._sample(prompt_ids, prompt_mask, params)  # [B, R] x2
         response_mask = response_mask_until_eos(responses, self.eos_token_id)  # [B, R]
         responses = torch.where(response_mask.bool(), responses, self.pad_token_id)

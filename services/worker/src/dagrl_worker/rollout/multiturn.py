@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import torch
 
 from dagrl.batch import Batch
+from dagrl.batch import schema as fields
 from dagrl.envs import TOOL_CALLS, TOOL_ERRORS, Environment, Trajectory, episode_reward
 from dagrl_worker.prompts import prompts_to_batch
 from dagrl_worker.rollout.base import (
@@ -77,14 +78,14 @@ def backend_generate_fn(backend: RolloutBackend, pad_token_id: int,
     calls = itertools.count()
 
     def generate(contexts: list[list[int]], max_new_tokens: int) -> list[Continuation]:
-        rows: dict[str, list[Any]] = {"prompt_ids": list(contexts),
-                                      "index": list(range(len(contexts)))}
+        rows: dict[str, list[Any]] = {fields.PROMPT_IDS: list(contexts),
+                                      fields.INDEX: list(range(len(contexts)))}
         prompts = prompts_to_batch(rows, pad_token_id, "turn")
         seed = None if params.seed is None else sample_seed(params.seed, f"call{next(calls)}")
         out = backend.generate(prompts, replace(params, n=1, max_new_tokens=max_new_tokens,
                                                 seed=seed))
-        responses, mask = out.tensors["responses"], out.tensors["response_mask"]  # [B, R]
-        log_probs = out.tensors.get("rollout_log_probs")  # [B, R] or None
+        responses, mask = out.tensors[fields.RESPONSES], out.tensors[fields.RESPONSE_MASK]  # [B, R]
+        log_probs = out.tensors.get(fields.ROLLOUT_LOG_PROBS)  # [B, R] or None
         return [Continuation(row[m.bool()].tolist(),
                              None if log_probs is None else log_probs[i][m.bool()].tolist())
                 for i, (row, m) in enumerate(zip(responses, mask, strict=True))]
@@ -180,7 +181,7 @@ async def run_episode(sample: dict[str, Any], prompt_ids: list[int], env: Enviro
             _append(episode, response, 1, limits, turn.log_probs)
             episode.num_turns += 1
             action = processor.decode(response)
-            result = await env.step(action, str(sample.get("ground_truth", "")))
+            result = await env.step(action, str(sample.get(fields.GROUND_TRUTH, "")))
             trajectory.actions.append(action)
             trajectory.results.append(result)
             episode.tool_calls += result.count(TOOL_CALLS)
@@ -256,7 +257,7 @@ def episodes_to_batch(samples: Batch, episodes: list[Episode], pad_token_id: int
             scores[i, int(policy_positions[-1])] = episode.reward
     out = rollout_batch(samples, responses, response_mask, is_real,
                         rollout_log_probs=_log_probs_tensor(episodes, width),
-                        extra={"token_level_scores": scores})
+                        extra={fields.TOKEN_LEVEL_SCORES: scores})
     return out.with_fields(columns={NUM_TURNS: [e.num_turns for e in episodes]})
 
 

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from dagrl.batch import Batch
+from dagrl.batch import schema as fields
 from dagrl.config import RolloutConfig
 from dagrl.errors import ConfigError
 from dagrl_worker.rollout.base import (
@@ -132,8 +133,8 @@ class VLLMRollout:
 
     def _generate(self, samples: Batch, params: SamplingParams
                   ) -> list[tuple[list[int], list[float]]]:
-        ids = samples.tensors["prompt_ids"]  # [B, P]
-        attended = samples.tensors["prompt_mask"].bool()  # [B, P]
+        ids = samples.tensors[fields.PROMPT_IDS]  # [B, P]
+        attended = samples.tensors[fields.PROMPT_MASK].bool()  # [B, P]
         requests: list[Any] = [{"prompt_token_ids": row[mask].tolist()}  # TokensPrompt
                                for row, mask in zip(ids, attended, strict=True)]
         uids = samples.uids if params.seed is not None else [None] * len(samples)
