@@ -11,7 +11,13 @@ from typing import Any, get_args
 
 import pytest
 
-from dagrl.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
+from dagrl.algorithms import (
+    ADVANTAGE_ESTIMATORS,
+    KL_CONTROLLERS,
+    KL_ESTIMATORS,
+    LOSS_AGG_MODES,
+    POLICY_LOSSES,
+)
 from dagrl.config import (
     ActorConfig,
     CriticConfig,
@@ -35,6 +41,7 @@ TABLES: dict[tuple[str, ...], Any] = {
     ("actor_rollout_ref", "actor", "policy_loss"): POLICY_LOSSES,
     ("actor_rollout_ref", "actor", "kl_loss_type"): KL_ESTIMATORS,
     ("algorithm", "kl_penalty"): KL_ESTIMATORS,
+    ("algorithm", "kl_ctrl", "type"): KL_CONTROLLERS,
 }
 
 

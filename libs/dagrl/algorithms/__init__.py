@@ -24,6 +24,7 @@ from dagrl.algorithms.advantages import (
 )
 from dagrl.algorithms.errors import AlgorithmError
 from dagrl.algorithms.kl import (
+    KL_CONTROLLERS,
     KL_ESTIMATORS,
     AdaptiveKLController,
     FixedKLController,
@@ -60,6 +61,7 @@ from dagrl.algorithms.rollout_correction import (
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "KL_CONTROLLERS",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
     "POLICY_LOSSES",

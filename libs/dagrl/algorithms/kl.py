@@ -13,7 +13,7 @@ from typing import Protocol
 
 import torch
 
-from dagrl.algorithm_names import KL_ESTIMATOR_NAMES, require_table_names
+from dagrl.algorithm_names import KL_CONTROLLER_NAMES, KL_ESTIMATOR_NAMES, require_table_names
 from dagrl.algorithms.errors import AlgorithmError, require_same_shape, unknown_name_error
 from dagrl.algorithms.masked import masked_mean
 
@@ -137,3 +137,15 @@ class AdaptiveKLController:
         """Move `value` toward the coefficient that keeps KL at `target_kl`."""
         proportional_error = min(max(current_kl / self.target_kl - 1.0, -0.2), 0.2)
         self.value *= 1.0 + proportional_error * n_steps / self.horizon
+
+
+def _fixed(kl_coef: float, target_kl: float, horizon: int) -> KLController:
+    return FixedKLController(kl_coef)
+
+
+# `algorithm.kl_ctrl.type` -> the controller built from (kl_coef, target_kl, horizon)
+KL_CONTROLLERS: dict[str, Callable[[float, float, int], KLController]] = {
+    "fixed": _fixed,
+    "adaptive": AdaptiveKLController,
+}
+require_table_names(KL_CONTROLLERS, KL_CONTROLLER_NAMES, "KL controller")

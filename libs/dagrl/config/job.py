@@ -28,12 +28,18 @@ if TYPE_CHECKING:
     PolicyLoss = str
     KLEstimator = str
     CorrectionMode = str
+    KLControl = str
+    LRSchedule = str
+    FilterMetric = str
 else:
     LossAggMode = Literal[algorithm_names.LOSS_AGG_MODES]
     AdvEstimator = Literal[algorithm_names.ADVANTAGE_ESTIMATOR_NAMES]
     PolicyLoss = Literal[algorithm_names.POLICY_LOSS_NAMES]
     KLEstimator = Literal[algorithm_names.KL_ESTIMATOR_NAMES]
     CorrectionMode = Literal[("off", *algorithm_names.CORRECTION_LEVELS)]
+    KLControl = Literal[algorithm_names.KL_CONTROLLER_NAMES]
+    LRSchedule = Literal[algorithm_names.LR_SCHEDULE_NAMES]
+    FilterMetric = Literal[algorithm_names.FILTER_METRIC_NAMES]
 # How a multi-agent workflow's agents share ranks (single-agent workflows ignore it):
 # colocate: every agent on every rank, taking turns; spread: each agent's nodes on ranks of
 # their own, apportioned by cost, data handed over through the databuffer.
@@ -80,7 +86,7 @@ class OptimConfig:
     betas: tuple[float, ...] = option((0.9, 0.999), "AdamW betas")
     warmup_steps: int = option(0, "linear warmup steps (overrides warmup_ratio when > 0)")
     warmup_ratio: float = option(0.0, "warmup as a fraction of total training steps")
-    lr_scheduler: Literal["constant", "cosine"] = option("constant", "schedule after warmup")
+    lr_scheduler: LRSchedule = option("constant", "schedule after warmup")
     min_lr_ratio: float = option(0.0, "cosine floor as a fraction of lr")
     grad_clip: float = option(1.0, "max global grad norm; <= 0 disables clipping")
 
@@ -318,7 +324,7 @@ class CriticConfig(UpdateMicroBatches):
 
 @dataclass(frozen=True)
 class KLControlConfig:
-    type: Literal["fixed", "adaptive"] = option("fixed", "KL-in-reward coefficient control")
+    type: KLControl = option("fixed", "KL-in-reward coefficient control")
     kl_coef: float = option(0.001, "initial (or fixed) KL coefficient")
     target_kl: float = option(0.1, "adaptive: KL the controller aims for")
     horizon: int = option(10000, "adaptive: samples over which the coefficient adapts")
@@ -328,7 +334,7 @@ class KLControlConfig:
 class FilterGroupsConfig:
     """Settings of a DYNAMIC_SAMPLING node (DAPO); the node's presence in the DAG turns it on."""
 
-    metric: Literal["score", "acc", "seq_reward"] = option(
+    metric: FilterMetric = option(
         "score", "per-sample value a group's samples must differ in to be kept: score and "
         "seq_reward, the sample's total score (sum of token_level_scores); acc, whether it is "
         "right (total score > 0)")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dagrl import metrics_file
-from dagrl.algorithms import AdaptiveKLController, FixedKLController, KLController
+from dagrl.algorithms import KL_CONTROLLERS, KLController
 from dagrl.config import JobConfig
 from dagrl_databuffer.keys import attempt_namespace
 from dagrl_worker.async_training.policy_versions import PolicyVersions
@@ -108,6 +108,4 @@ def total_training_steps(config: JobConfig, batches_per_epoch: int) -> int:
 
 def kl_controller(config: JobConfig) -> KLController:
     kl = config.algorithm.kl_ctrl
-    if kl.type == "adaptive":
-        return AdaptiveKLController(kl.kl_coef, kl.target_kl, kl.horizon)
-    return FixedKLController(kl.kl_coef)
+    return KL_CONTROLLERS[kl.type](kl.kl_coef, kl.target_kl, kl.horizon)

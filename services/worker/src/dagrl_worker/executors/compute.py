@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from dagrl import telemetry
+from dagrl.algorithm_names import FILTER_METRIC_NAMES, require_table_names
 from dagrl.algorithms import (
     AdvantageInputs,
     apply_kl_penalty,
@@ -125,10 +126,20 @@ def filter_values(batch: Batch, metric: str) -> torch.Tensor:
     rewards a group of only wrong-but-different answers carries no correctness signal and is
     dropped. Rewards here carry no separate correctness column, so this is the definition.
     """
-    scores = sequence_scores(batch)
-    if metric == "acc":
-        return (scores > 0).float()
-    return scores
+    return FILTER_METRICS[metric](batch)
+
+
+def _correct(batch: Batch) -> torch.Tensor:
+    return (sequence_scores(batch) > 0).float()
+
+
+# `algorithm.filter_groups.metric` -> the per-sample value (filter_values' docstring)
+FILTER_METRICS: dict[str, Callable[[Batch], torch.Tensor]] = {
+    "score": sequence_scores,
+    "seq_reward": sequence_scores,
+    "acc": _correct,
+}
+require_table_names(FILTER_METRICS, FILTER_METRIC_NAMES, "dynamic-sampling metric")
 
 
 def _informative(batch: Batch, metric: str) -> Batch:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
+from dagrl.algorithm_names import LR_SCHEDULE_NAMES, require_table_names
 from dagrl.config import OptimConfig
 
 
@@ -15,16 +17,30 @@ def build_optimizer(params: list[torch.nn.Parameter], config: OptimConfig) -> to
                              weight_decay=config.weight_decay)
 
 
+def _constant(progress: float, min_lr_ratio: float) -> float:
+    return 1.0
+
+
+def _cosine(progress: float, min_lr_ratio: float) -> float:
+    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return min_lr_ratio + (1.0 - min_lr_ratio) * cosine
+
+
+# `actor.optim.lr_scheduler` -> the multiplier after warmup at `progress` in [0, 1]
+LR_SCHEDULES: dict[str, Callable[[float, float], float]] = {
+    "constant": _constant,
+    "cosine": _cosine,
+}
+require_table_names(LR_SCHEDULES, LR_SCHEDULE_NAMES, "learning-rate schedule")
+
+
 def lr_factor(step: int, total_steps: int, config: OptimConfig) -> float:
     """Multiplier of the peak lr at optimizer step `step` (0-based)."""
     warmup = config.warmup_steps or int(config.warmup_ratio * total_steps)
     if step < warmup:
         return (step + 1) / warmup
-    if config.lr_scheduler == "constant":
-        return 1.0
     progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
-    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
-    return config.min_lr_ratio + (1.0 - config.min_lr_ratio) * cosine
+    return LR_SCHEDULES[config.lr_scheduler](progress, config.min_lr_ratio)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int,
