@@ -8,9 +8,28 @@ half the package.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class DagrlError(Exception):
-    """Root of every error dagrl raises on purpose."""
+    """Root of every error dagrl raises on purpose.
+
+    Every one pickles whatever its constructor takes (`__reduce__`): a rank's error crosses
+    to the driver through Ray, and one that did not unpickle (a keyword-only argument) reached
+    the driver as Ray's `UnserializableException` instead of the error it was.
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _restore, (type(self), self.args, self.__dict__)
+
+
+def _restore(cls: type[DagrlError], args: tuple[Any, ...],
+             state: dict[str, Any]) -> DagrlError:
+    """A pickled DagrlError as it was, without calling its constructor again."""
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 # Categories: each maps to one gRPC status code in `dagrl.rpc.status`. Concrete errors

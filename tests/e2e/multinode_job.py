@@ -211,6 +211,9 @@ def lose_a_node(name: str, config: dict[str, Any], cluster: RayTestCluster, redi
             rejoined = True
         time.sleep(0.2)
     thread.join(timeout=60)
+    if not outcomes:
+        raise RuntimeError(f"{name}: the driver ended without an outcome (its thread raised: "
+                           "see the traceback above) or was still running after 360 s")
     outcome = outcomes[0]
     return {"state": outcome.state.name, "reason": outcome.reason, "restarts": outcome.restarts,
             "last_step": outcome.last_step, "waiting_seen": waiting, "removed": victim_id,

@@ -4,7 +4,7 @@ that death."""
 
 from __future__ import annotations
 
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import RayActorError, RayTaskError, UnserializableException
 
 from dagrl_worker.restart_policy import RestartPolicy, is_worker_death
 
@@ -60,3 +60,13 @@ def test_an_error_that_echoes_a_lost_rank_is_that_death() -> None:
     echo = raised_on_a_rank(RuntimeError("Connection closed by peer"))
     assert policy.failure(echo, lambda: asked.append(True) or True) is None
     assert asked == [True] and policy.restarts == 1
+
+
+def test_an_error_ray_could_not_unpickle_is_still_a_ranks_failure() -> None:
+    """Ray's `UnserializableException` (not a RayTaskError) once crashed the driver's thread:
+    it is asked about like any task error, and its original text is the reason."""
+    lost = UnserializableException("Traceback ...\nRedisUnavailableError: Redis at r is gone")
+    policy = RestartPolicy(max_restarts=1)
+    assert policy.failure(lost, lambda: True) is None and policy.restarts == 1
+    reason = RestartPolicy(max_restarts=1).failure(lost, lambda: False)
+    assert reason is not None and "Redis at r is gone" in reason

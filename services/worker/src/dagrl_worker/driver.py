@@ -26,7 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import RayError
 
 from dagrl import metrics_file, telemetry
 from dagrl.jobs import JobState, JobStore
@@ -103,7 +103,7 @@ class Driver:
                 return self._end(JobState.FAILED, str(exc))
             except JobCancelled:
                 return self._end(JobState.CANCELLED, "cancelled")
-            except (RayActorError, RayTaskError) as exc:
+            except RayError as exc:  # a rank raised or died (restart_policy tells which)
                 reason = policy.failure(exc, self.group.a_rank_is_gone)
                 self.outcome.restarts = policy.restarts
                 if reason is not None:

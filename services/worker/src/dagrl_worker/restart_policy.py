@@ -5,9 +5,10 @@ checkpoint, up to `trainer.max_restarts` times; then the job fails. A rank's own
 exception in the step) fails the job at once: running it again would raise it again. A task
 error may be the echo of another rank's death (gloo's "connection closed by peer" when a node
 goes), so before calling it an error the policy asks whether a rank is gone
-(`WorkerGroup.a_rank_is_gone`). After a death the next attempt waits for the cluster to hold
-the plan again (a lost node rejoined, or another took its place), up to
-`trainer.node_wait_timeout_s` (`WorkerGroup.start_when_placeable`).
+(`WorkerGroup.a_rank_is_gone`); so is any other Ray error a step ends with (an exception
+Ray could not unpickle arrives as `UnserializableException`). After a death the next attempt
+waits for the cluster to hold the plan again (a lost node rejoined, or another took its
+place), up to `trainer.node_wait_timeout_s` (`WorkerGroup.start_when_placeable`).
 
 Pure logic (no Ray calls): what to do with a failure, given the exception and that question.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from dagrl_worker.failure_reasons import failure_reason
 
@@ -41,7 +42,7 @@ class RestartPolicy:
         rather than failing at once when it does not."""
         return self.restarts > 0
 
-    def failure(self, exc: RayActorError | RayTaskError,
+    def failure(self, exc: RayError,
                 a_rank_is_gone: Callable[[], bool]) -> str | None:
         """None to start the job again (the restart counted), else why the job fails.
         `a_rank_is_gone` is asked only of a task error that is not itself a death."""
