@@ -62,14 +62,16 @@ def policy(tiny_checkpoint: Path) -> tuple[Any, Any]:
 
 
 def serve(policy: tuple[Any, Any], body: Callable[[Gateway, SeenBackend], Awaitable[Any]],
-          window_s: float = 0.05) -> Any:
-    """Run `body` against a started endpoint; the endpoint is stopped after it."""
+          window_s: float = 0.05, defaults: SamplingParams | None = None) -> Any:
+    """Run `body` against a started endpoint (sampling `defaults`: unseeded when None); the
+    endpoint is stopped after it."""
     module, tokenizer = policy
     backend = SeenBackend(HFRollout(module, tokenizer))
 
     async def main() -> Any:
         batcher = GenerationBatcher(backend, int(tokenizer.pad_token_id),
-                                    int(tokenizer.eos_token_id), SamplingParams(), 7, window_s)
+                                    int(tokenizer.eos_token_id), defaults or SamplingParams(), 7,
+                                    window_s)
         gateway = Gateway(Renderer(tokenizer), batcher, GatewayLimits(
             "policy", max_tokens_per_call=16, max_prompt_tokens=64, max_response_tokens=WIDTH,
             max_body_bytes=4096))
@@ -194,6 +196,30 @@ def test_64_sessions_are_served_by_batched_generation_and_trained_as_sampled(
         actor, _ = response_log_probs(module, out, temperature=1.0)
     on_policy = out.tensors["response_mask"].bool()
     assert float((actor - out.tensors["rollout_log_probs"])[on_policy].abs().max()) <= 1e-4
+
+
+def test_an_episodes_tokens_do_not_depend_on_the_episodes_beside_it(
+        policy: tuple[Any, Any]) -> None:
+    """The endpoint's batches form by timing; with the step's seed each call is drawn by the
+    episode's uid and call number, so an episode samples the same tokens alone as among 24
+    others (what a resumed agent run needs to repeat an uninterrupted one)."""
+    async def agent(client: openai.AsyncOpenAI, sample: dict[str, Any]) -> float:
+        return await two_calls(client, {})
+
+    def sampled(samples: list[dict[str, Any]]) -> dict[str, list[Any]]:
+        async def body(gateway: Gateway, backend: SeenBackend) -> list[EpisodeOutcome]:
+            return await run_episodes(agent, samples, gateway, timeout_s=120,
+                                      max_concurrent=64)
+        outcomes = serve(policy, body, defaults=SamplingParams(seed=77))
+        assert not any(o.failed for o in outcomes)
+        return {sample["uid"]: [(s.response_ids, s.log_probs) for s in o.session.sequences]
+                for sample, o in zip(samples, outcomes, strict=True)}
+    crowd = sampled([{"uid": f"e{i}"} for i in range(24)])
+    alone = sampled([{"uid": "e7"}])
+    assert [ids for ids, _ in alone["e7"]] == [ids for ids, _ in crowd["e7"]]
+    for (_, mine), (_, theirs) in zip(alone["e7"], crowd["e7"], strict=True):
+        assert max(abs(a - b) for a, b in zip(mine, theirs, strict=True)) <= 1e-5
+    assert len({str(sequences) for sequences in crowd.values()}) > 1  # episodes draw apart
 
 
 def test_max_tokens_is_cut_to_the_sequence_budget_and_a_spent_one_answers_empty(

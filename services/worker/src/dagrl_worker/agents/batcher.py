@@ -4,7 +4,9 @@ Owns the batching window: the first pending call opens it, and it stays open whi
 arriving (each `window_s` that brings a new one extends it, up to `MAX_WINDOWS`) unless every
 open session already has a call waiting. The calls collected are served by one
 `RolloutBackend.generate` per distinct (temperature, top_p) they ask for (unset: the rollout's
-own sampling, greedy or not), in a worker thread, so the endpoint keeps accepting calls
+own sampling, greedy or not), each choice seeded by its name (`GenerationRequest.names`, so
+which calls share a generation, a matter of timing, does not change what is sampled), in a
+worker thread, so the endpoint keeps accepting calls
 (which join the next generation) while one runs. A call with `n` choices is n rows.
 `batch_sizes` records how many rows each backend generation had (tests and the
 `agent/batch_size/mean` metric read it).
@@ -31,6 +33,9 @@ class GenerationRequest:
     max_new_tokens: int
     temperature: float | None  # None: the rollout's sampling (greedy or not, its temperature)
     top_p: float | None
+    # one per choice: each choice is drawn from its own seed (the step's and this name), so
+    # its tokens do not depend on which calls share its generation; empty: the backend's RNG
+    names: tuple[str, ...] = ()
 
 
 @dataclass
@@ -89,6 +94,7 @@ class GenerationBatcher:
     async def _serve_group(self, items: list[_Pending], temperature: float | None,
                            top_p: float | None) -> None:
         contexts = [item.request.prompt_ids for item in items for _ in range(item.request.n)]
+        names = [name for item in items for name in item.request.names]
         width = max(item.request.max_new_tokens for item in items)
         params = self.defaults if top_p is None else replace(self.defaults, top_p=top_p)
         if temperature is not None:  # 0: greedy, as OpenAI's servers read it
@@ -98,7 +104,8 @@ class GenerationBatcher:
         self.batch_sizes.append(len(contexts))
         started = time.perf_counter()
         try:
-            outputs = await asyncio.to_thread(generate, contexts, width)
+            outputs = await asyncio.to_thread(generate, contexts, width,
+                                              names if len(names) == len(contexts) else None)
         except Exception as exc:  # every call of this generation fails with the engine's error
             for item in items:
                 if not item.future.done():

@@ -71,7 +71,7 @@ async def run_episodes(agent: AgentFn, samples: list[dict[str, Any]], gateway: G
 async def run_episode(agent: AgentFn, sample: dict[str, Any], gateway: Gateway,
                       timeout_s: float, http: Any) -> EpisodeOutcome:
     """One episode, its client on the shared connection pool `http` (left open)."""
-    session = gateway.sessions.open()
+    session = gateway.sessions.open(name=str(sample[UID]) if UID in sample else None)
     outcome = EpisodeOutcome(session)
     client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key=session.key,
                                 max_retries=0, timeout=timeout_s, http_client=http)

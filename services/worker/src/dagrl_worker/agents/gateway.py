@@ -132,7 +132,8 @@ class Gateway:
             return [Choice("", False, [], [], 0) for _ in range(sampling.n)]
         request = GenerationRequest(prompt.ids, sampling.n,
                                     min(sampling.max_tokens or budget, budget),
-                                    sampling.temperature, sampling.top_p)
+                                    sampling.temperature, sampling.top_p,
+                                    session.draw_names(sampling.n))
         started, grown = time.perf_counter(), parent and len(parent.response_ids)
         sampled = await self.batcher.generate(request)
         session.generate_s += time.perf_counter() - started

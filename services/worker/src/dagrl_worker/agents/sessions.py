@@ -70,11 +70,14 @@ class Sequence:
 
 @dataclass
 class Session:
-    """One episode's calls. `key` is its bearer token on the endpoint."""
+    """One episode's calls. `key` is its bearer token on the endpoint; `name` (the episode's
+    sample uid) names its calls' draws (`draw_names`)."""
 
     key: str
+    name: str = ""
     sequences: list[Sequence] = field(default_factory=list)
     calls: int = 0
+    requests: int = 0  # calls asked for so far, answered or not (`draw_names` counts them)
     generate_s: float = 0.0  # time its calls spent waiting for the endpoint's answer
 
     def extended(self, inserted_after: Callable[[Sequence], list[int] | None]
@@ -105,6 +108,12 @@ class Session:
     def sampled_tokens(self) -> int:
         return sum(s.sampled_tokens for s in self.sequences)
 
+    def draw_names(self, n: int) -> tuple[str, ...]:
+        """The names that seed the `n` choices of the session's next call: the same in every
+        run of the same episode, whatever the other episodes do."""
+        self.requests += 1
+        return tuple(f"{self.name}/call{self.requests}/{choice}" for choice in range(n))
+
 
 class SessionRegistry:
     """The live sessions of one endpoint, by key. Keys are random, 256 bits, per session."""
@@ -112,8 +121,11 @@ class SessionRegistry:
     def __init__(self) -> None:
         self._sessions: dict[str, Session] = {}
 
-    def open(self) -> Session:
-        session = Session(key=f"dagrl-{secrets.token_urlsafe(32)}")
+    def open(self, name: str | None = None) -> Session:
+        """A new session; `name` seeds its draws (None: its random key, so they do not repeat
+        from run to run)."""
+        key = f"dagrl-{secrets.token_urlsafe(32)}"
+        session = Session(key=key, name=key if name is None else name)
         self._sessions[session.key] = session
         return session
 

@@ -19,8 +19,10 @@ place weights move) and may free its memory while the rank trains (`sleep` / `wa
 
 Seeds: with `SamplingParams.seed` set, a backend that can seed each sample derives its seed
 from (that seed, the sample's uid) (`sample_seed`), so a resumed run samples the same tokens
-as an uninterrupted one. Engines other than `hf` (vLLM; SGLang later) are one module each,
-imported lazily so an install without them never needs them (`dagrl_worker.rollout.engines`).
+as an uninterrupted one. vLLM always does; `hf` does with `seed_each_sample` (its default,
+the process's RNG over the batch, repeats only when the batch does). Engines other than `hf`
+(vLLM; SGLang later) are one module each, imported lazily so an install without them never
+needs them (`dagrl_worker.rollout.engines`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None  # per-sample seeds from (seed, uid); None: the engine's RNG
+    # hf too draws each sample from its own seed (vLLM always does): for batches whose
+    # composition does not repeat from run to run (the agent endpoint's)
+    seed_each_sample: bool = False
 
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]

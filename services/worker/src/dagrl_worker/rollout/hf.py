@@ -4,8 +4,11 @@ Colocated with a DDP (or single-rank) actor it generates with the actor's own mo
 (`shares_actor_weights`: no weight copy, the weights it samples from are always the latest).
 Otherwise (a sharded actor, or a rank without the actor) it holds a full module of its own
 that `update_weights` refreshes after every actor update. Sampling uses the process's torch
-RNG, so a worker seeded and restored from a checkpoint generates the same tokens again
-(`SamplingParams.seed` is for engines that seed each sample).
+RNG, so a worker seeded and restored from a checkpoint generates the same tokens again for the
+same batch. With `SamplingParams.seed_each_sample` each sample draws from its own seed
+instead (`sample_seed(seed, uid)`), so its tokens do not depend on the other rows of the
+batch: `_SeededDraw` adds each row's own Gumbel noise to the final log-probs and `generate`
+takes the argmax, which is a draw from that distribution (the Gumbel-max trick).
 
 Each sampled token's log-prob comes from the scores `generate` samples from (after
 temperature, top-k and top-p), gathered one step behind by `_SampledLogProbs` so that only one
@@ -36,6 +39,7 @@ from dagrl_worker.rollout.base import (
     SamplingParams,
     response_mask_until_eos,
     rollout_batch,
+    sample_seed,
 )
 
 
@@ -63,7 +67,9 @@ class HFRollout:
         samples = prompts.repeat_interleave(params.n)
         prompt_ids = samples.tensors[fields.PROMPT_IDS]  # [B, P]
         prompt_mask = samples.tensors[fields.PROMPT_MASK]  # [B, P]
-        responses, log_probs = self._sample(prompt_ids, prompt_mask, params)  # [B, R] x2
+        seeds = (None if params.seed is None or not params.seed_each_sample
+                 else [sample_seed(params.seed, uid) for uid in samples.uids])
+        responses, log_probs = self._sample(prompt_ids, prompt_mask, params, seeds)  # [B, R] x2
         response_mask = response_mask_until_eos(responses, self.eos_token_id)  # [B, R]
         responses = torch.where(response_mask.bool(), responses, self.pad_token_id)
         return rollout_batch(samples, responses, response_mask, response_mask,
@@ -85,11 +91,18 @@ class HFRollout:
 
     @torch.no_grad()
     def _sample(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+                params: SamplingParams, seeds: list[int] | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`seeds`: one per row to draw each row from its own (`_SeededDraw`), or None for the
+        process's RNG."""
         width = params.max_new_tokens
         if prompt_ids.shape[0] == 0:  # an empty shard (fewer groups than ranks): nothing to run
             return torch.zeros((0, width), dtype=torch.long), torch.zeros((0, width))
         recorder = _SampledLogProbs(prompt_ids.shape[1])
+        processors = _warpers(params, recorder)
+        seeded = params.do_sample and seeds is not None
+        if params.do_sample and seeds is not None:
+            processors.append(_SeededDraw(seeds))
         was_training = self.module.training
         self.module.eval()
         try:
@@ -98,8 +111,8 @@ class HFRollout:
                 output = self.module.generate(  # type: ignore[operator]
                     input_ids=prompt_ids.to(device),
                     attention_mask=prompt_mask.to(device),
-                    generation_config=self._generation_config(params),
-                    logits_processor=_warpers(params, recorder),
+                    generation_config=self._generation_config(params, greedy=seeded),
+                    logits_processor=processors,
                 )
         finally:
             self.module.train(was_training)
@@ -112,11 +125,12 @@ class HFRollout:
             log_probs = torch.cat([log_probs, torch.zeros(log_probs.shape[0], missing)], dim=1)
         return responses, log_probs
 
-    def _generation_config(self, params: SamplingParams) -> GenerationConfig:
-        """No warpers of its own: `_warpers` applies them before the log-prob recorder."""
+    def _generation_config(self, params: SamplingParams, greedy: bool) -> GenerationConfig:
+        """No warpers of its own: `_warpers` applies them before the log-prob recorder.
+        `greedy`: the argmax of scores that `_SeededDraw` has already made a draw."""
         return GenerationConfig(
             max_new_tokens=params.max_new_tokens,
-            do_sample=params.do_sample,
+            do_sample=params.do_sample and not greedy,
             pad_token_id=self.pad_token_id,
             eos_token_id=self.eos_token_id,
             use_cache=True,
@@ -175,3 +189,28 @@ class _SampledLogProbs(LogitsProcessor):
         self.gathered.append(self.previous.gather(1, token[:, None].to(
             self.previous.device))[:, 0])
         self.previous = None
+
+
+class _SeededDraw(LogitsProcessor):
+    """Each row's draw from its own seed: the final log-probs plus that row's Gumbel noise, so
+    that their argmax (`generate` runs greedy) is a sample of the row's distribution, the same
+    whichever rows share the batch (the Gumbel-max trick: argmax(log p - log E), E ~ Exp(1)).
+
+    Runs after the recorder (`_SampledLogProbs`), which keeps the unperturbed log-probs. Row i
+    draws its t-th token from the t-th vector of its own generator (seed `seeds[i]`).
+    """
+
+    def __init__(self, seeds: list[int]) -> None:
+        self.seeds = seeds
+        self.generators: list[torch.Generator] = []
+
+    def __call__(self, input_ids: torch.LongTensor,
+                 scores: torch.FloatTensor) -> torch.FloatTensor:
+        if not self.generators:
+            self.generators = [torch.Generator(device=scores.device).manual_seed(seed)
+                               for seed in self.seeds]
+        log_probs = torch.log_softmax(scores.float(), dim=-1)  # [B, V]
+        waits = torch.empty_like(log_probs)  # [B, V] Exp(1) per row, from the row's generator
+        for row, generator in enumerate(self.generators):
+            waits[row].exponential_(generator=generator)
+        return log_probs - waits.log()  # type: ignore[return-value]

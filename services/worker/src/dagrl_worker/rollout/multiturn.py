@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import torch
 
-from dagrl.batch import Batch
+from dagrl.batch import GROUP_ID, UID, Batch
 from dagrl.batch import schema as fields
 from dagrl.envs import TOOL_CALLS, TOOL_ERRORS, Environment, Trajectory, episode_reward
 from dagrl_worker.prompts import prompts_to_batch
@@ -61,10 +61,12 @@ class Continuation:
 
 class GenerateFn(Protocol):
     """Continue each context by at most `max_new_tokens` (EOS included, padding excluded):
-    token lists, or `Continuation`s that carry the sampled tokens' log-probs too."""
+    token lists, or `Continuation`s that carry the sampled tokens' log-probs too. `names`, one
+    per context, seed each context's draw by name (the same tokens whatever else is in the
+    batch); None: the backend's own seeding."""
 
-    def __call__(self, contexts: list[list[int]],
-                 max_new_tokens: int) -> Sequence[list[int] | Continuation]: ...
+    def __call__(self, contexts: list[list[int]], max_new_tokens: int,
+                 names: list[str] | None = None) -> Sequence[list[int] | Continuation]: ...
 
 
 def as_continuation(generated: list[int] | Continuation) -> Continuation:
@@ -74,16 +76,23 @@ def as_continuation(generated: list[int] | Continuation) -> Continuation:
 def backend_generate_fn(backend: RolloutBackend, pad_token_id: int,
                         params: SamplingParams) -> GenerateFn:
     """A GenerateFn over any rollout backend (one sample per context). A seeded backend gets a
-    seed per call (from `params.seed` and the call's number), so the calls draw apart."""
+    seed per call (from `params.seed` and the call's number), so the calls draw apart; with
+    `names`, each context is a sample of that uid seeded from `params.seed` itself, on every
+    backend (`SamplingParams.seed_each_sample`)."""
     calls = itertools.count()
 
-    def generate(contexts: list[list[int]], max_new_tokens: int) -> list[Continuation]:
+    def generate(contexts: list[list[int]], max_new_tokens: int,
+                 names: list[str] | None = None) -> list[Continuation]:
         rows: dict[str, list[Any]] = {fields.PROMPT_IDS: list(contexts),
                                       fields.INDEX: list(range(len(contexts)))}
         prompts = prompts_to_batch(rows, pad_token_id, "turn")
-        seed = None if params.seed is None else sample_seed(params.seed, f"call{next(calls)}")
-        out = backend.generate(prompts, replace(params, n=1, max_new_tokens=max_new_tokens,
-                                                seed=seed))
+        if names is not None:
+            prompts = prompts.with_fields(columns={UID: list(names), GROUP_ID: list(names)})
+            seeded = replace(params, seed_each_sample=True)
+        else:
+            seeded = replace(params, seed=None if params.seed is None
+                             else sample_seed(params.seed, f"call{next(calls)}"))
+        out = backend.generate(prompts, replace(seeded, n=1, max_new_tokens=max_new_tokens))
         responses, mask = out.tensors[fields.RESPONSES], out.tensors[fields.RESPONSE_MASK]  # [B, R]
         log_probs = out.tensors.get(fields.ROLLOUT_LOG_PROBS)  # [B, R] or None
         return [Continuation(row[m.bool()].tolist(),
