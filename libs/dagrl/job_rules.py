@@ -5,10 +5,10 @@ shape (`dagrl.workflow`); what needs both lives here, so the scheduler (PlanJob,
 `dagrl run` and the worker refuse the same jobs in the same words (`dagrl.rpc.jobspec` calls
 `check_job`). Checks read names and flags only: no path is read and no code is imported.
 
-Owns `executor_kind` (which built-in executor runs a node: the worker's `builder` picks the
-same), the batch-field rule (a node reads only built-in fields some node upstream of it writes,
-`dagrl.batch.schema`) and `model_path` (which checkpoint an agent's policy or critic starts
-from).
+Owns `executor_kind` (which built-in executor runs a node: the worker's
+`executors.table.build_executor` dispatches on it), the batch-field rule (a node reads only
+built-in fields some node upstream of it writes, `dagrl.batch.schema`) and `model_path` (which
+checkpoint an agent's policy or critic starts from).
 """
 
 from __future__ import annotations
@@ -162,8 +162,8 @@ def _old_log_prob_problems(config: JobConfig, graph: TaskGraph) -> list[str]:
 
 
 def executor_kind(node: Node) -> ExecutorKind | None:
-    """The built-in executor the worker runs `node` with (`executors.table.build_executor` picks by
-    the same rules), or None for a node no executor runs."""
+    """The built-in executor the worker runs `node` with (`executors.table.build_executor`
+    dispatches on it), or None for a node no executor runs."""
     kind, role = node.node_type, node.node_role
     if node.executable_ref and kind in (NodeType.CUSTOM, NodeType.COMPUTE) and (
             role == NodeRole.DEFAULT or kind == NodeType.CUSTOM):

@@ -1,14 +1,15 @@
 """Which executor each node gets, built once with the settings it uses (`build_executor`).
 
-One table, `_EXECUTORS`, maps a node's (type, role) to the function that builds its executor;
-every node type the loader accepts either gets an executor here or a clear error naming the
-node. Those functions read the job config, so no executor does: each constructor shows what
-its executor depends on. A ROLLOUT node whose `agent_options` name an `env` runs multi-turn
-episodes, one naming an `agent` a user's agent program; one with
-`agent_options.chain_template` prompts with its parent ROLLOUT node's samples (the next agent
-of a multi-agent chain, `chain.py`), single- or multi-turn. Agent options and ENV_INTERACT
-nodes are checked by `dagrl.envs`' `agent_node_problems`, the same check the scheduler runs on
-the whole workflow at plan time. The models the executors use are `builder`'s.
+Which kind of executor a node gets is `dagrl.job_rules.executor_kind` (the rule the job check
+reads the batch schema by, so the two cannot disagree); one table, `_EXECUTORS`, maps each kind
+to the function that builds it. A node with no kind gets a clear error naming it. Those
+functions read the job config, so no executor does: each constructor shows what its executor
+depends on. A ROLLOUT node whose `agent_options` name an `env` runs multi-turn episodes, one
+naming an `agent` a user's agent program; one with `agent_options.chain_template` prompts with
+its parent ROLLOUT node's samples (the next agent of a multi-agent chain, `chain.py`), single-
+or multi-turn. Agent options and ENV_INTERACT nodes are checked by `dagrl.envs`'
+`agent_node_problems`, the same check the scheduler runs on the whole workflow at plan time.
+The models the executors use are `builder`'s.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from typing import Any, cast
 import torch.distributed as dist
 
 from dagrl.batch import Batch
+from dagrl.batch.schema import ExecutorKind
 from dagrl.config import JobConfig, NodeConfig, node_config
 from dagrl.envs import agent_node_problems, agent_options, env_factory
 from dagrl.errors import ConfigError, InvalidInputError
+from dagrl.job_rules import executor_kind
 from dagrl.refs import resolve_ref
-from dagrl.workflow import Node, NodeRole, NodeType
+from dagrl.workflow import Node
 from dagrl_worker.executors.agent import AgentRolloutExecutor, gateway_limits
 from dagrl_worker.executors.base import AgentModels, Executor, StepContext, UnsupportedNodeError
 from dagrl_worker.executors.chain import ChainRolloutExecutor
@@ -62,29 +65,27 @@ from dagrl_worker.rollout import RolloutBackend
 def build_executor(node: Node, models: AgentModels, config: JobConfig, target_groups: int,
                    group: dist.ProcessGroup | None, *,
                    old_log_probs_in_update: bool = False) -> Executor:
-    """The executor of one node (module docstring): a CUSTOM node's function, else the first
-    row of `_EXECUTORS` that matches the node's type and role.
+    """The executor of one node (module docstring): a CUSTOM node's function, else the one
+    `_EXECUTORS` builds for the node's `executor_kind`.
     `old_log_probs_in_update`: a forward-only ACTOR node leaves its pass to the update
     (`executors.log_probs.old_log_probs_in_update`)."""
     problems = agent_node_problems(node)
     if problems:
         raise ConfigError(problems)
     options = node_config(node.node_id, node.config)  # checked for every node, CUSTOM too
-    kind, role = node.node_type, node.node_role
-    if node.executable_ref and kind in (NodeType.CUSTOM, NodeType.COMPUTE) and (
-            role in (NodeRole.DEFAULT,) or kind == NodeType.CUSTOM):
-        function = cast(Callable[[Batch, StepContext], Batch], resolve_ref(node.executable_ref))
+    kind = executor_kind(node)
+    if kind == ExecutorKind.CUSTOM:
+        ref = cast(str, node.executable_ref)
+        function = cast(Callable[[Batch, StepContext], Batch], resolve_ref(ref))
         return CustomExecutor(node.node_id, function)
-    inputs = _NodeInputs(node, options, models, config, target_groups, group,
-                         old_log_probs_in_update)
-    for row_kind, row_role, build in _EXECUTORS:
-        if row_kind in (None, kind) and row_role in (None, role):
-            return build(inputs)
-    raise UnsupportedNodeError(
-        f"node {node.node_id!r} ({kind.name}, role {role.name}) has no executor in this "
-        "worker; give it a role that has one (ROLLOUT, REWARD, ADVANTAGE, DYNAMIC_SAMPLING, "
-        "ACTOR, REFERENCE, CRITIC) or make it a CUSTOM node with executable_ref"
-    )
+    if kind is None:
+        raise UnsupportedNodeError(
+            f"node {node.node_id!r} ({node.node_type.name}, role {node.node_role.name}) has "
+            "no executor in this worker; give it a role that has one (ROLLOUT, REWARD, "
+            "ADVANTAGE, DYNAMIC_SAMPLING, ACTOR, REFERENCE, CRITIC) or make it a CUSTOM node "
+            "with executable_ref")
+    return _EXECUTORS[kind](_NodeInputs(node, options, models, config, target_groups, group,
+                                        old_log_probs_in_update))
 
 
 @dataclass(frozen=True)
@@ -106,17 +107,17 @@ def _rollout(b: _NodeInputs) -> Executor:
                                                      "a rollout backend"), b.config)
 
 
-def _scorer(b: _NodeInputs) -> Executor:
-    """A reward model, or an LLM judge when the node sets `config.judge_template`."""
-    node_id, options, models = b.node.node_id, b.options, b.models
-    if options.judge_template is not None:
-        judge = _need(models.judges.get(node_id), b.node, "its judge model")
-        seed = b.config.actor_rollout_ref.rollout.seed
-        return JudgeExecutor(judge, models.tokenizer, JudgeOptions.of(options, seed),
-                             VerdictParser(options.judge_parser))
-    return RewardModelExecutor(_need(models.reward_models.get(node_id), b.node,
-                                     "its reward model"),
-                               models.tokenizer, options.micro_batch_size)
+def _judge(b: _NodeInputs) -> Executor:
+    """An LLM judge: a MODEL_INFERENCE REWARD node that sets `config.judge_template`."""
+    judge = _need(b.models.judges.get(b.node.node_id), b.node, "its judge model")
+    seed = b.config.actor_rollout_ref.rollout.seed
+    return JudgeExecutor(judge, b.models.tokenizer, JudgeOptions.of(b.options, seed),
+                         VerdictParser(b.options.judge_parser))
+
+
+def _reward_model(b: _NodeInputs) -> Executor:
+    model = _need(b.models.reward_models.get(b.node.node_id), b.node, "its reward model")
+    return RewardModelExecutor(model, b.models.tokenizer, b.options.micro_batch_size)
 
 
 def _reward(b: _NodeInputs) -> Executor:
@@ -138,14 +139,17 @@ def _dynamic_sampling(b: _NodeInputs) -> Executor:
                                    b.config.algorithm.filter_groups)
 
 
-def _actor(b: _NodeInputs) -> Executor:
-    """The old-log-prob pass (forward only), or the policy update."""
+def _old_log_prob(b: _NodeInputs) -> Executor:
+    """The old-log-prob pass: a forward-only ACTOR node."""
+    return OldLogProbExecutor(
+        _need(b.models.actor, b.node, "an actor model"),
+        LogProbPass.of(b.config.actor_rollout_ref.rollout, b.config),
+        use_rollout_log_probs=b.config.actor_rollout_ref.actor.use_rollout_log_probs,
+        in_update=b.old_log_probs_in_update)
+
+
+def _actor_update(b: _NodeInputs) -> Executor:
     engine = _need(b.models.actor, b.node, "an actor model")
-    if b.node.only_forward_compute:
-        return OldLogProbExecutor(
-            engine, LogProbPass.of(b.config.actor_rollout_ref.rollout, b.config),
-            use_rollout_log_probs=b.config.actor_rollout_ref.actor.use_rollout_log_probs,
-            in_update=b.old_log_probs_in_update)
     return ActorTrainExecutor(engine, actor_update(b.config), actor_plan(b.config))
 
 
@@ -155,32 +159,35 @@ def _reference(b: _NodeInputs) -> Executor:
                                     ref.fsdp_config.param_offload)
 
 
-def _critic(b: _NodeInputs) -> Executor:
-    """The values pass (forward only), or the value update."""
-    engine = _need(b.models.critic, b.node, "a critic model")
+def _values(b: _NodeInputs) -> Executor:
+    """The values pass: a forward-only CRITIC node."""
     critic = b.config.critic
-    if b.node.only_forward_compute:
-        return ValuesExecutor(engine, critic_micro_batching(critic),
-                              critic.model.use_remove_padding)
-    return CriticTrainExecutor(engine, critic, critic_plan(b.config))
+    return ValuesExecutor(_need(b.models.critic, b.node, "a critic model"),
+                          critic_micro_batching(critic), critic.model.use_remove_padding)
 
 
-# Node (type, role) -> the function building its executor: the first row that matches wins,
-# None matches any (a DATA_LOAD or BARRIER_SYNC node with one of the roles above is that
-# role's).
-_EXECUTORS: tuple[tuple[NodeType | None, NodeRole | None,
-                        Callable[[_NodeInputs], Executor]], ...] = (
-    (NodeType.MODEL_INFERENCE, NodeRole.ROLLOUT, _rollout),
-    (NodeType.MODEL_INFERENCE, NodeRole.REWARD, _scorer),
-    (NodeType.COMPUTE, NodeRole.REWARD, _reward),
-    (None, NodeRole.DYNAMIC_SAMPLING, _dynamic_sampling),
-    (None, NodeRole.ACTOR, _actor),
-    (None, NodeRole.REFERENCE, _reference),
-    (None, NodeRole.CRITIC, _critic),
-    (None, NodeRole.ADVANTAGE, _advantage),
-    (NodeType.DATA_LOAD, None, lambda b: PassThroughExecutor()),
-    (NodeType.BARRIER_SYNC, None, lambda b: BarrierExecutor(b.group)),
-)
+def _critic_update(b: _NodeInputs) -> Executor:
+    engine = _need(b.models.critic, b.node, "a critic model")
+    return CriticTrainExecutor(engine, b.config.critic, critic_plan(b.config))
+
+
+# Executor kind (`dagrl.job_rules.executor_kind`) -> the function building it; CUSTOM is
+# `build_executor`'s own case.
+_EXECUTORS: dict[ExecutorKind, Callable[[_NodeInputs], Executor]] = {
+    ExecutorKind.ROLLOUT: _rollout,
+    ExecutorKind.REWARD_MODEL: _reward_model,
+    ExecutorKind.JUDGE: _judge,
+    ExecutorKind.REWARD: _reward,
+    ExecutorKind.ADVANTAGE: _advantage,
+    ExecutorKind.DYNAMIC_SAMPLING: _dynamic_sampling,
+    ExecutorKind.OLD_LOG_PROB: _old_log_prob,
+    ExecutorKind.ACTOR_UPDATE: _actor_update,
+    ExecutorKind.REFERENCE: _reference,
+    ExecutorKind.VALUES: _values,
+    ExecutorKind.CRITIC_UPDATE: _critic_update,
+    ExecutorKind.DATA_LOAD: lambda b: PassThroughExecutor(),
+    ExecutorKind.BARRIER: lambda b: BarrierExecutor(b.group),
+}
 
 
 def _rollout_executor(node: Node, models: AgentModels, backend: RolloutBackend,
