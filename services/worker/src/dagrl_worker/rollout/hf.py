@@ -7,8 +7,8 @@ that `update_weights` refreshes after every actor update. Sampling uses the proc
 RNG, so a worker seeded and restored from a checkpoint generates the same tokens again for the
 same batch. With `SamplingParams.seed_each_sample` each sample draws from its own seed
 instead (`sample_seed(seed, uid)`), so its tokens do not depend on the other rows of the
-batch: `_SeededDraw` adds each row's own Gumbel noise to the final log-probs and `generate`
-takes the argmax, which is a draw from that distribution (the Gumbel-max trick).
+batch: `_SeededDraw` draws each row's token from the final distribution with that row's own
+generator, and `generate`, running greedy, takes it.
 
 Each sampled token's log-prob comes from the scores `generate` samples from (after
 temperature, top-k and top-p), gathered one step behind by `_SampledLogProbs` so that only one
@@ -127,7 +127,7 @@ class HFRollout:
 
     def _generation_config(self, params: SamplingParams, greedy: bool) -> GenerationConfig:
         """No warpers of its own: `_warpers` applies them before the log-prob recorder.
-        `greedy`: the argmax of scores that `_SeededDraw` has already made a draw."""
+        `greedy`: taking the token `_SeededDraw` has already drawn."""
         return GenerationConfig(
             max_new_tokens=params.max_new_tokens,
             do_sample=params.do_sample and not greedy,
@@ -192,25 +192,27 @@ class _SampledLogProbs(LogitsProcessor):
 
 
 class _SeededDraw(LogitsProcessor):
-    """Each row's draw from its own seed: the final log-probs plus that row's Gumbel noise, so
-    that their argmax (`generate` runs greedy) is a sample of the row's distribution, the same
-    whichever rows share the batch (the Gumbel-max trick: argmax(log p - log E), E ~ Exp(1)).
+    """Each row's draw from its own seed, the same whichever rows share the batch: the row's
+    next uniform u (from its own generator) picks the token where the cumulative probability
+    passes u (inverse-CDF sampling of the final distribution). The scores handed back are 0 at
+    that token and -inf elsewhere, so `generate`, running greedy, takes it.
 
-    Runs after the recorder (`_SampledLogProbs`), which keeps the unperturbed log-probs. Row i
-    draws its t-th token from the t-th vector of its own generator (seed `seeds[i]`).
+    Runs after the recorder (`_SampledLogProbs`), which keeps the real log-probs. One uniform
+    per row and step: a Gumbel-max draw needs a vocabulary's worth (181 ms a step at 128 rows
+    of SmolLM2's 49k tokens here, against 31 ms for this).
     """
 
     def __init__(self, seeds: list[int]) -> None:
-        self.seeds = seeds
-        self.generators: list[torch.Generator] = []
+        self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
 
     def __call__(self, input_ids: torch.LongTensor,
                  scores: torch.FloatTensor) -> torch.FloatTensor:
-        if not self.generators:
-            self.generators = [torch.Generator(device=scores.device).manual_seed(seed)
-                               for seed in self.seeds]
-        log_probs = torch.log_softmax(scores.float(), dim=-1)  # [B, V]
-        waits = torch.empty_like(log_probs)  # [B, V] Exp(1) per row, from the row's generator
-        for row, generator in enumerate(self.generators):
-            waits[row].exponential_(generator=generator)
-        return log_probs - waits.log()  # type: ignore[return-value]
+        uniforms = torch.cat([torch.rand(1, generator=g) for g in self.generators])  # [B]
+        scores = scores.float()  # type: ignore[assignment]
+        weights = torch.exp(scores - scores.max(dim=-1, keepdim=True).values)  # [B, V]
+        cumulative = weights.cumsum(dim=-1)  # [B, V] unnormalized: u is scaled to its total
+        targets = (uniforms.to(scores.device) * cumulative[:, -1])[:, None]  # [B, 1]
+        tokens = torch.searchsorted(cumulative, targets, right=True).clamp_(
+            max=scores.shape[-1] - 1)  # [B, 1]
+        chosen = torch.full_like(scores, float("-inf"))
+        return chosen.scatter_(1, tokens, 0.0)  # type: ignore[return-value]
