@@ -34,8 +34,8 @@ class GenerationRequest:
     temperature: float | None  # None: the rollout's sampling (greedy or not, its temperature)
     top_p: float | None
     # one per choice: each choice is drawn from its own seed (the step's and this name), so
-    # its tokens do not depend on which calls share its generation; empty: the backend's RNG
-    names: tuple[str, ...] = ()
+    # its tokens do not depend on which calls share its generation
+    names: tuple[str, ...]
 
 
 @dataclass
@@ -104,8 +104,7 @@ class GenerationBatcher:
         self.batch_sizes.append(len(contexts))
         started = time.perf_counter()
         try:
-            outputs = await asyncio.to_thread(generate, contexts, width,
-                                              names if len(names) == len(contexts) else None)
+            outputs = await asyncio.to_thread(generate, contexts, width, names)
         except Exception as exc:  # every call of this generation fails with the engine's error
             for item in items:
                 if not item.future.done():

@@ -67,8 +67,9 @@ class HFRollout:
         samples = prompts.repeat_interleave(params.n)
         prompt_ids = samples.tensors[fields.PROMPT_IDS]  # [B, P]
         prompt_mask = samples.tensors[fields.PROMPT_MASK]  # [B, P]
-        seeds = (None if params.seed is None or not params.seed_each_sample
-                 else [sample_seed(params.seed, uid) for uid in samples.uids])
+        seeds = None  # the process's RNG, unless each sample draws from its own seed
+        if params.do_sample and params.seed is not None and params.seed_each_sample:
+            seeds = [sample_seed(params.seed, uid) for uid in samples.uids]
         responses, log_probs = self._sample(prompt_ids, prompt_mask, params, seeds)  # [B, R] x2
         response_mask = response_mask_until_eos(responses, self.eos_token_id)  # [B, R]
         responses = torch.where(response_mask.bool(), responses, self.pad_token_id)
@@ -94,14 +95,13 @@ class HFRollout:
                 params: SamplingParams, seeds: list[int] | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """`seeds`: one per row to draw each row from its own (`_SeededDraw`), or None for the
-        process's RNG."""
+        process's RNG (or greedy decoding)."""
         width = params.max_new_tokens
         if prompt_ids.shape[0] == 0:  # an empty shard (fewer groups than ranks): nothing to run
             return torch.zeros((0, width), dtype=torch.long), torch.zeros((0, width))
         recorder = _SampledLogProbs(prompt_ids.shape[1])
         processors = _warpers(params, recorder)
-        seeded = params.do_sample and seeds is not None
-        if params.do_sample and seeds is not None:
+        if seeds is not None:
             processors.append(_SeededDraw(seeds))
         was_training = self.module.training
         self.module.eval()
@@ -111,7 +111,7 @@ class HFRollout:
                 output = self.module.generate(  # type: ignore[operator]
                     input_ids=prompt_ids.to(device),
                     attention_mask=prompt_mask.to(device),
-                    generation_config=self._generation_config(params, greedy=seeded),
+                    generation_config=self._generation_config(params, greedy=seeds is not None),
                     logits_processor=processors,
                 )
         finally:
