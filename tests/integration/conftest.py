@@ -1,7 +1,8 @@
 """Fixtures for the integration tests: every process a fake job driver started is stopped by
-PID after each test (`no_fake_driver_left`); and reading `docker-compose.yml` and the
-Dockerfiles for the compose tests (test_compose_stack.py, test_compose_images.py): services,
-environments, commands, ports."""
+PID after each test (`no_fake_driver_left`); the worker's tiny checkpoint (`tiny_checkpoint`,
+from services/worker/tests/conftest.py); and reading `docker-compose.yml` and the Dockerfiles
+for the compose tests (test_compose_file.py, test_compose_images.py and
+tests/e2e/test_compose_stack.py): services, environments, commands, ports."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import yaml
 from dagrl_databuffer.config import ServiceConfig
 from dagrl_metrics.config import MetricsConfig
 from dagrl_scheduler.config import SchedulerConfig
+from services.worker.tests.conftest import tiny_checkpoint as tiny_checkpoint  # the fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_PORT = 6379  # redis-server's default; compose's command does not change it

@@ -1,5 +1,6 @@
 """Fixtures for the worker's unit tests: a tiny model and tokenizer built locally, and a
-scripted rollout backend (no model) for tests that need to know what the policy answers."""
+scripted rollout backend (no model) for tests that need to know what the policy answers.
+tests/integration/conftest.py imports `tiny_checkpoint` for the worker's integration tests."""
 
 from collections.abc import Callable
 from pathlib import Path

@@ -2,22 +2,21 @@
 bf16 mixed precision keeps fp32 master weights; offloading to host memory and back leaves the
 parameters bit-equal; a DAGWorker on a GPU rank puts its models there.
 
-Marked `gpu`; each skips with the reason where CUDA (or a second GPU) is missing. The
-engine's sleep/wake/reload and the NCCL weight sync are in `test_gpu_paths.py`; the whole path
-at scale is `scripts/gpu_check.py` (`make gpu-check`).
+Marked `gpu`; each skips with the reason where CUDA is missing. DDP over NCCL on 2 GPUs is in
+tests/integration/test_gpu_ddp.py, the engine's sleep/wake/reload and the NCCL weight sync in
+tests/integration/test_gpu_paths.py; the whole path at scale is `scripts/gpu_check.py`
+(`make gpu-check`).
 """
 
 from __future__ import annotations
 
 import copy
-import socket
 import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from dagrl.config import ActorConfig, OptimConfig, RolloutCorrectionConfig
 from dagrl.models import load_model_and_tokenizer
@@ -40,7 +39,7 @@ pytestmark = [
 CUDA = RankDevice(torch.device("cuda", 0))
 
 
-def _rows(checkpoint: Path):
+def model_and_rows(checkpoint: Path):
     torch.manual_seed(0)
     model, tokenizer = load_model_and_tokenizer(checkpoint)
     prompts = prompts_to_batch(prompt_rows(tokenizer, ["3+4=", "5+6=", "12+9=", "40+2="]),
@@ -51,7 +50,7 @@ def _rows(checkpoint: Path):
     return model, rows.with_fields(tensors={"advantages": advantages})
 
 
-def _update(engine: TrainEngine, rows) -> MetricSink:
+def update_actor_once(engine: TrainEngine, rows) -> MetricSink:
     sink = MetricSink()
     update = ActorUpdate(ActorConfig(use_kl_loss=False), RolloutCorrectionConfig(), 1.0)
     update_actor(engine, rows, update, MiniBatchPlan(1, MicroBatching(4), 1), sink)
@@ -67,14 +66,14 @@ def _one_rank_group() -> DataParallel:
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_an_update_on_cuda_equals_the_cpu_update(tiny_checkpoint: Path, strategy: str) -> None:
-    model, rows = _rows(tiny_checkpoint)
+    model, rows = model_and_rows(tiny_checkpoint)
     on_gpu = copy.deepcopy(model).cuda().train()
     cpu_engine = TrainEngine(model.train(), OptimConfig(lr=1e-2), 2, DataParallel())
     dp = _one_rank_group() if strategy == "fsdp" else DataParallel()
     gpu_engine = TrainEngine(on_gpu, OptimConfig(lr=1e-2), 2, dp, EngineOptions(strategy))
     assert gpu_engine.is_sharded is (strategy == "fsdp")
-    cpu_loss = _update(cpu_engine, rows).value("actor/pg_loss")
-    gpu_loss = _update(gpu_engine, rows).value("actor/pg_loss")
+    cpu_loss = update_actor_once(cpu_engine, rows).value("actor/pg_loss")
+    gpu_loss = update_actor_once(gpu_engine, rows).value("actor/pg_loss")
     assert abs(cpu_loss - gpu_loss) <= 1e-5
     cpu_state = cpu_engine.full_state_dict()
     for name, tensor in gpu_engine.full_state_dict().items():
@@ -83,12 +82,12 @@ def test_an_update_on_cuda_equals_the_cpu_update(tiny_checkpoint: Path, strategy
 
 
 def test_bf16_fsdp_keeps_fp32_master_weights(tiny_checkpoint: Path) -> None:
-    model, rows = _rows(tiny_checkpoint)
+    model, rows = model_and_rows(tiny_checkpoint)
     options = EngineOptions("fsdp", Precision(torch.bfloat16))
     engine = TrainEngine(model.cuda().train(), OptimConfig(lr=1e-2), 2, _one_rank_group(),
                          options)
     before = {n: p.detach().full_tensor().clone() for n, p in engine.inner.named_parameters()}
-    _update(engine, rows)
+    update_actor_once(engine, rows)
     for name, param in engine.inner.named_parameters():
         assert param.dtype == torch.float32, name
     assert any(not torch.equal(before[n], p.detach().full_tensor())
@@ -99,10 +98,10 @@ def test_bf16_fsdp_keeps_fp32_master_weights(tiny_checkpoint: Path) -> None:
 
 
 def test_offload_and_reload_leave_parameters_bit_equal(tiny_checkpoint: Path) -> None:
-    model, rows = _rows(tiny_checkpoint)
+    model, rows = model_and_rows(tiny_checkpoint)
     options = EngineOptions(param_offload=True, optimizer_offload=True)
     engine = TrainEngine(model.cuda().train(), OptimConfig(lr=1e-2), 2, DataParallel(), options)
-    _update(engine, rows)  # optimizer state exists
+    update_actor_once(engine, rows)  # optimizer state exists
     before = {n: p.detach().clone() for n, p in engine.inner.named_parameters()}
     allocated = torch.cuda.memory_allocated()
     engine.offload()
@@ -112,7 +111,7 @@ def test_offload_and_reload_leave_parameters_bit_equal(tiny_checkpoint: Path) ->
     engine.ensure_on_device()
     for name, param in engine.inner.named_parameters():
         assert param.is_cuda and torch.equal(param, before[name]), name
-    _update(engine, rows)  # trains on after the round trip
+    update_actor_once(engine, rows)  # trains on after the round trip
 
 
 def test_a_gpu_rank_places_its_models_on_the_gpu(tiny_checkpoint: Path, tmp_path: Path) -> None:
@@ -124,33 +123,3 @@ def test_a_gpu_rank_places_its_models_on_the_gpu(tiny_checkpoint: Path, tmp_path
         assert {p.device.type for p in module.parameters()} == {"cuda"}
     summary = worker.run_step(1)
     assert summary["perf/max_memory_allocated_gb"][1] > 0
-
-
-def _ddp_step(rank: int, port: int, checkpoint: str, results: dict) -> None:
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)
-    model, rows = _rows(Path(checkpoint))
-    half = rows.slice(rank * len(rows) // 2, (rank + 1) * len(rows) // 2)
-    engine = TrainEngine(model.cuda().train(), OptimConfig(lr=1e-2), 2,
-                         DataParallel(dist.group.WORLD, rank, 2), EngineOptions("ddp"))
-    _update(engine, half)
-    results[rank] = {n: t.clone() for n, t in engine.full_state_dict().items()}
-    dist.destroy_process_group()
-
-
-@pytest.mark.integration  # 2 spawned processes in an NCCL group
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="DDP over NCCL needs 2 GPUs")
-def test_ddp_over_nccl_equals_one_rank(tiny_checkpoint: Path) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    results = mp.Manager().dict()
-    mp.start_processes(_ddp_step, args=(port, str(tiny_checkpoint), results), nprocs=2,
-                       start_method="spawn")
-    model, rows = _rows(tiny_checkpoint)
-    single = TrainEngine(model.cuda().train(), OptimConfig(lr=1e-2), 2, DataParallel())
-    _update(single, rows)
-    for name, tensor in single.full_state_dict().items():
-        assert torch.allclose(results[0][name], tensor, atol=1e-5), name
-        assert torch.equal(results[0][name], results[1][name]), name

@@ -1,14 +1,9 @@
-"""Weight-sync buckets: the layout (whole decoder layers) and the broadcast over a real gloo
-group of 3 processes; which ranks a model is synced to."""
+"""Weight-sync buckets: the layout (whole decoder layers); which ranks a model is synced to. The
+broadcast over a real gloo group of 3 processes: tests/integration/test_weight_sync_gloo.py."""
 
 from __future__ import annotations
 
-import socket
-
-import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from dagrl.config import load_job_config
 from dagrl.job_rules import model_path
@@ -19,7 +14,7 @@ from dagrl_worker.plan_view import PlanView
 from dagrl_worker.weight_layout import plan_buckets, specs_of
 
 
-def _state(fill: float, device: str = "cpu") -> dict[str, torch.Tensor]:
+def model_state(fill: float, device: str = "cpu") -> dict[str, torch.Tensor]:
     """A model-like state dict. The parent process builds it on the meta device only: real
     tensor work there starts torch's thread pool, which a forked child then deadlocks on."""
     def full(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -36,7 +31,7 @@ def _state(fill: float, device: str = "cpu") -> dict[str, torch.Tensor]:
 
 
 def test_buckets_hold_whole_layers_in_order() -> None:
-    specs = specs_of(_state(0.0, "meta").items())
+    specs = specs_of(model_state(0.0, "meta").items())
     layer_bytes = (100 * 200 + 100 + 200 * 100) * 4
     buckets = plan_buckets(specs, bucket_bytes=layer_bytes + 1)
     assert [s.name for b in buckets for s in b] == [s.name for s in specs]  # order kept
@@ -48,45 +43,6 @@ def test_buckets_hold_whole_layers_in_order() -> None:
         holders = {i for i, b in enumerate(buckets) for s in b
                    if s.name.startswith(f"model.layers.{layer}.")}
         assert len(holders) == 1
-
-
-def _run(rank: int, port: int, results: dict) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=3)
-    # rank 2 takes part in the world but not in the sync group, like a trainer-only rank
-    group = dist.new_group([0, 1])
-    state = _state(float(rank + 1))
-    plan = plan_buckets(specs_of(state.items()), bucket_bytes=200_000)  # several buckets
-    if rank in (0, 1):
-        moved, received = 0, {}
-        tensors = iter(state.items())
-        for bucket, specs in zip(weight_sync.group_into_buckets(tensors, plan), plan,
-                                 strict=True):
-            out = weight_sync.broadcast_bucket(bucket if rank == 0 else None, specs, 0, group,
-                                               torch.device("cpu"))
-            moved += weight_sync.bucket_bytes(out)
-            received.update({name: t.clone() for name, t in out})
-        results[rank] = (moved, received, len(plan))
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-@pytest.mark.integration  # a gloo group of 3 forked processes
-def test_receivers_get_every_tensor_of_the_sender() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    results = mp.Manager().dict()
-    mp.start_processes(_run, args=(port, results), nprocs=3, start_method="fork")
-    moved, sender, buckets = results[0]
-    _, receiver, _ = results[1]
-    assert buckets > 2
-    assert sender.keys() == receiver.keys() == _state(0, "meta").keys()
-    for name, tensor in sender.items():
-        assert torch.equal(receiver[name], tensor), name
-        assert float(receiver[name].flatten()[0]) == 1.0  # the sender's (rank 0) values
-        assert receiver[name].dtype == tensor.dtype
-    assert moved == sum(t.numel() * t.element_size() for t in sender.values())
 
 
 def _split_plan(graph: TaskGraph, rank_of: dict[str, int]) -> PlanView:

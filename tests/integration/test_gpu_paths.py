@@ -1,7 +1,7 @@
 """GPU-only paths of the rollout engine and weight sync: CUDA graphs, sleep mode, NCCL.
 
 Marked `gpu`; each skips with the reason where CUDA (or a second GPU) is missing. Run on a GPU
-machine with `make install DEVICE=cuda` and `pytest -m gpu services/worker/tests`.
+machine with `make install DEVICE=cuda` and `pytest -m gpu services/worker/tests tests/integration`.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from dagrl_worker.rollout import HFRollout, SamplingParams
 from dagrl_worker.training.forward import response_log_probs
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 SMOLLM2 = Path(os.environ.get("DAGRL_SMOLLM2", ROOT / "outputs" / "smollm2" / "model"))
 QUESTION = [{"role": "user", "content": "12+34="}]
 WIDTH = 96

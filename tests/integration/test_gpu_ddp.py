@@ -1,0 +1,53 @@
+"""Training on 2 GPUs (issue #24): DDP over NCCL, each rank a spawned process, ends where one rank
+training on all the rows ends. Marked `gpu`; skips with the reason where CUDA or a second GPU is
+missing. The update on one GPU: services/worker/tests/test_gpu_training.py."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from dagrl.config import OptimConfig
+from dagrl_worker.training.engine import EngineOptions, TrainEngine
+from dagrl_worker.training.parallel import DataParallel
+from services.worker.tests.test_gpu_training import model_and_rows, update_actor_once
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def _ddp_step(rank: int, port: int, checkpoint: str, results: dict) -> None:
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    model, rows = model_and_rows(Path(checkpoint))
+    half = rows.slice(rank * len(rows) // 2, (rank + 1) * len(rows) // 2)
+    engine = TrainEngine(model.cuda().train(), OptimConfig(lr=1e-2), 2,
+                         DataParallel(dist.group.WORLD, rank, 2), EngineOptions("ddp"))
+    update_actor_once(engine, half)
+    results[rank] = {n: t.clone() for n, t in engine.full_state_dict().items()}
+    dist.destroy_process_group()
+
+
+@pytest.mark.integration  # 2 spawned processes in an NCCL group
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="DDP over NCCL needs 2 GPUs")
+def test_ddp_over_nccl_equals_one_rank(tiny_checkpoint: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    results = mp.Manager().dict()
+    mp.start_processes(_ddp_step, args=(port, str(tiny_checkpoint), results), nprocs=2,
+                       start_method="spawn")
+    model, rows = model_and_rows(tiny_checkpoint)
+    single = TrainEngine(model.cuda().train(), OptimConfig(lr=1e-2), 2, DataParallel())
+    update_actor_once(single, rows)
+    for name, tensor in single.full_state_dict().items():
+        assert torch.allclose(results[0][name], tensor, atol=1e-5), name
+        assert torch.equal(results[0][name], results[1][name]), name
