@@ -133,11 +133,22 @@ def _unsharded_reduce_problems(fsdp: FSDPConfig, engine: str) -> list[str]:
             "setting: actor strategy fsdp); leave it float32"]
 
 
+def _below_one(section: object, names: tuple[str, ...]) -> list[str]:
+    return [f"{name} must be >= 1, got {getattr(section, name)}" for name in names
+            if getattr(section, name) < 1]
+
+
+# A field set declares keys that several sections share, once. It holds fields only, no
+# behaviour (STYLE.md: no inheritance to share code): a section with these keys lists it as a
+# base, which adds them under the same flat names verl uses, and checks them itself.
+UPDATE_COUNTS = ("ppo_micro_batch_size_per_rank", "ppo_max_token_len_per_rank")
+LOG_PROB_COUNTS = ("log_prob_micro_batch_size_per_rank", "log_prob_max_token_len_per_rank")
+
+
 @dataclass(frozen=True)
 class UpdateMicroBatches:
     """How an update (actor, critic) cuts its rows into micro-batches: verl's three keys,
-    declared once. A field set only (no behaviour): the sections that have these keys list
-    it as a base, which adds them under the same names."""
+    declared once (a field set; its sections check UPDATE_COUNTS)."""
 
     ppo_micro_batch_size_per_rank: int = option(8, "samples per forward/backward on one rank")
     use_dynamic_bsz: bool = option(
@@ -146,28 +157,17 @@ class UpdateMicroBatches:
     ppo_max_token_len_per_rank: int = option(
         16384, "use_dynamic_bsz: real tokens (prompt + response) per micro-batch")
 
-    def micro_batch_problems(self) -> list[str]:
-        return [f"{name} must be >= 1, got {getattr(self, name)}"
-                for name in ("ppo_micro_batch_size_per_rank", "ppo_max_token_len_per_rank")
-                if getattr(self, name) < 1]
-
 
 @dataclass(frozen=True)
 class LogProbMicroBatches:
     """How a forward-only log-prob pass (old log-probs: `rollout`, reference: `ref`) cuts its
-    rows: verl's three keys, declared once (a field set, as `UpdateMicroBatches`)."""
+    rows: verl's three keys, declared once (a field set; its sections check LOG_PROB_COUNTS)."""
 
     log_prob_micro_batch_size_per_rank: int = option(16, "samples per log-prob forward")
     log_prob_use_dynamic_bsz: bool = option(
         False, "pack log-prob micro-batches by real token count instead")
     log_prob_max_token_len_per_rank: int = option(
         16384, "log_prob_use_dynamic_bsz: real tokens per log-prob micro-batch")
-
-    def micro_batch_problems(self) -> list[str]:
-        return [f"{name} must be >= 1, got {getattr(self, name)}"
-                for name in ("log_prob_micro_batch_size_per_rank",
-                             "log_prob_max_token_len_per_rank")
-                if getattr(self, name) < 1]
 
 
 @dataclass(frozen=True)
@@ -195,9 +195,7 @@ class ActorConfig(UpdateMicroBatches):
                                      "(its forward-only passes too)")
 
     def check(self) -> list[str]:
-        problems = [f"{name} must be >= 1, got {getattr(self, name)}"
-                    for name in ("ppo_mini_batch_size", "ppo_epochs") if getattr(self, name) < 1]
-        problems.extend(self.micro_batch_problems())
+        problems = _below_one(self, ("ppo_mini_batch_size", "ppo_epochs", *UPDATE_COUNTS))
         if self.clip_ratio_c <= 1:
             problems.append(f"clip_ratio_c must be > 1, got {self.clip_ratio_c}")
         if self.strategy == "ddp":
@@ -213,7 +211,8 @@ class ActorConfig(UpdateMicroBatches):
 @dataclass(frozen=True)
 class SamplingConfig:
     """How a rollout samples: training's (`rollout`, which adds its engine settings) and
-    validation's (`rollout.val_kwargs`, n 1 and greedy by default), declared once."""
+    validation's (`rollout.val_kwargs`, n 1 and greedy by default), declared once (a field
+    set for `RolloutConfig`, a section of its own for `val_kwargs`)."""
 
     n: int = option(4, "samples per prompt (the GRPO group size)")
     do_sample: bool = option(True, "sample (True) or greedy decode (False)")
@@ -222,19 +221,22 @@ class SamplingConfig:
     top_k: int = option(0, "top-k sampling; 0 disables")
 
     def check(self) -> list[str]:
-        problems = []
-        if self.n < 1:
-            problems.append(f"n must be >= 1, got {self.n}")
-        if self.do_sample and self.temperature <= 0:
-            problems.append(
-                f"temperature must be > 0 when do_sample is true, got {self.temperature}; "
-                "set do_sample: false for greedy decoding"
-            )
-        if not 0 < self.top_p <= 1:
-            problems.append(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            problems.append(f"top_k must be >= 0 (0 disables), got {self.top_k}")
-        return problems
+        return sampling_problems(self)
+
+
+def sampling_problems(sampling: SamplingConfig) -> list[str]:
+    """`SamplingConfig`'s keys checked, in whichever section has them."""
+    problems = _below_one(sampling, ("n",))
+    if sampling.do_sample and sampling.temperature <= 0:
+        problems.append(
+            f"temperature must be > 0 when do_sample is true, got {sampling.temperature}; "
+            "set do_sample: false for greedy decoding"
+        )
+    if not 0 < sampling.top_p <= 1:
+        problems.append(f"top_p must be in (0, 1], got {sampling.top_p}")
+    if sampling.top_k < 0:
+        problems.append(f"top_k must be >= 0 (0 disables), got {sampling.top_k}")
+    return problems
 
 
 @dataclass(frozen=True)
@@ -264,7 +266,7 @@ class RolloutConfig(SamplingConfig, LogProbMicroBatches):
                                     "(VLLM_CPU_KVCACHE_SPACE)")
 
     def check(self) -> list[str]:
-        problems = [*SamplingConfig.check(self), *self.micro_batch_problems()]
+        problems = [*sampling_problems(self), *_below_one(self, LOG_PROB_COUNTS)]
         if self.tensor_model_parallel_size < 1:
             problems.append("tensor_model_parallel_size must be >= 1, got "
                             f"{self.tensor_model_parallel_size}")
@@ -290,7 +292,7 @@ class RefConfig(LogProbMicroBatches):
             problems.append("fsdp_config.optimizer_offload: the reference is frozen and has no "
                             "optimizer; set it false")
         problems.extend(_unsharded_reduce_problems(self.fsdp_config, "a frozen model"))
-        return problems + self.micro_batch_problems()
+        return problems + _below_one(self, LOG_PROB_COUNTS)
 
 
 @dataclass(frozen=True)
@@ -314,7 +316,7 @@ class CriticConfig(UpdateMicroBatches):
     fsdp_config: FSDPConfig = nested(FSDPConfig, "offload and mixed precision of the critic")
 
     def check(self) -> list[str]:
-        problems = self.micro_batch_problems()
+        problems = _below_one(self, UPDATE_COUNTS)
         if self.model.lora_rank > 0:
             problems.append("critic.model.lora_rank: LoRA is for the policy "
                             "(actor_rollout_ref.model.lora_rank); the critic trains fully")
