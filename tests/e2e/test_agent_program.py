@@ -2,7 +2,13 @@
 GRPO through the real driver on 2 ranks of the scheduler's plan: each rank serves its episodes'
 calls from its own endpoint, the exact sampled tokens are trained, validation accuracy rises
 by 10 points, a resumed run ends where an uninterrupted one does, and asynchronous training
-keeps its staleness bound."""
+keeps its staleness bound.
+
+Validation samples as the rollout does (temperature 1, 4 episodes a prompt: mean@4 over 256
+episodes), not greedily: the warm-started tool model answers 81-88 % of the prompts greedily
+(which, depends on the CPU's kernels) and RL lifts that to 94-98 %, a ceiling that left +10
+points to chance; sampled, it starts at 19-25 % and RL moves what it trains.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ from .test_training import _actor_weights, resume_folder, series
 
 pytestmark = pytest.mark.e2e
 RANKS = 2
-STEPS = 16
+STEPS = 32
 
 
 def agent_job(assets: Path, tmp_path: Path, backend: str = "hf") -> dict:
@@ -38,8 +44,11 @@ def agent_job(assets: Path, tmp_path: Path, backend: str = "hf") -> dict:
     return job_config(
         assets, "agent_calculator",
         data={"train_batch_size": 8},
+        # validation samples as training does (module docstring)
         actor_rollout_ref={"rollout.n": 4, "actor.ppo_mini_batch_size": 8,
-                           "rollout.name": backend},
+                           "rollout.name": backend,
+                           "rollout.val_kwargs": {"do_sample": True, "temperature": 1.0,
+                                                  "n": 4}},
         trainer={"total_training_steps": STEPS, "save_freq": -1, "logger": ["console"],
                  "val_before_train": True, "test_freq": STEPS,
                  "default_local_dir": str(tmp_path)},
@@ -79,7 +88,7 @@ def test_agent_program_trains_on_two_ranks(ray_session: None, tool_assets: Path,
     # the recorded log-probs of the stitched sequences agree with the actor's
     gaps = series(outcome, "rollout_corr/max_abs_diff")
     assert len(gaps) == STEPS and max(gaps) <= 1e-4, gaps
-    accuracy = series(outcome, "val/arith/accuracy")
+    accuracy = series(outcome, "val/arith/mean@4")
     assert len(accuracy) == 2
     assert accuracy[1] >= accuracy[0] + 0.10, accuracy
 
