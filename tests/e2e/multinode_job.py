@@ -152,18 +152,24 @@ def submit(config: dict[str, Any], redis_url: str, work: Path,
 LOST_NODE_STEPS = 4
 # The lost-node jobs' reward: the built-in rule, held once the first checkpoint exists until the
 # test has removed the node, so the job cannot end before the removal on any machine (a step
-# count was a race: 4 steps of ~0.4 s ended first on a fast machine).
+# count was a race: 4 steps of ~0.4 s ended first on a fast machine). On the removed node it
+# is never released: its rank's process can outlive its raylet for a moment, and a rank that
+# scored in that moment let the job finish without its node (seen once, 2026-12-05).
 GATED_REWARD = """
 import time
 from pathlib import Path
+
+import ray
 
 from dagrl.rewards import compute_score
 
 
 def gated(data_source, solution_str, ground_truth, extra_info=None):
+    here, removed = ray.get_runtime_context().get_node_id(), Path({removed!r})
     deadline = time.monotonic() + 300
-    while (Path({checkpoint!r}).exists() and not Path({removed!r}).exists()
-           and time.monotonic() < deadline):
+    while Path({checkpoint!r}).exists() and time.monotonic() < deadline:
+        if removed.exists() and removed.read_text() != here:  # the removed node's id
+            break
         time.sleep(0.05)
     return compute_score(data_source, solution_str, ground_truth, extra_info)
 """
@@ -201,7 +207,9 @@ def lose_a_node(name: str, config: dict[str, Any], cluster: RayTestCluster, redi
     kind = _node_labels(victim_id).get(LABEL_DEVICE_KIND, "")
     cluster.remove_node(next(n for n in cluster.worker_nodes if n.node_id == victim_id),
                         allow_graceful=False)
-    removed.touch()  # releases the held reward
+    staged = removed.with_suffix(".staged")
+    staged.write_text(victim_id)
+    staged.rename(removed)  # at once: releases the held reward, except on the removed node
     removed_at, waiting, rejoined = time.monotonic(), "", False
     while thread.is_alive() and time.monotonic() < deadline:
         waiting = waiting or store.get(job_id).waiting_reason
