@@ -145,6 +145,37 @@ def test_training_and_validation_sampling_keep_their_defaults() -> None:
             "log_prob_micro_batch_size_per_rank": 0}}})
 
 
+@pytest.mark.parametrize(("section", "key"), [
+    (("actor_rollout_ref", "actor"), "ppo_micro_batch_size_per_rank"),  # also a divisor
+    (("actor_rollout_ref", "actor"), "ppo_mini_batch_size"),  # also a divisor
+    (("actor_rollout_ref", "actor"), "ppo_max_token_len_per_rank"),
+    (("critic",), "ppo_micro_batch_size_per_rank"),
+    (("critic",), "ppo_mini_batch_size"),  # accepted at 0 before; the actor refused it
+    (("critic",), "ppo_epochs"),
+    (("critic",), "ppo_max_token_len_per_rank"),
+    (("actor_rollout_ref", "rollout"), "log_prob_max_token_len_per_rank"),
+    (("actor_rollout_ref", "ref"), "log_prob_micro_batch_size_per_rank"),
+    (("actor_rollout_ref", "ref"), "log_prob_max_token_len_per_rank"),
+    (("actor_rollout_ref", "rollout"), "n"),
+])
+def test_every_section_with_a_field_set_checks_its_keys(section: tuple[str, ...],
+                                                        key: str) -> None:
+    """The field sets hold no checks of their own: each section that has their keys checks
+    them, naming the section and the key (a zero divisor is this error, not a crash)."""
+    values: dict[str, Any] = {key: 0}
+    for name in reversed(section):
+        values = {name: values}
+    with pytest.raises(ConfigError, match=f"{section[-1]}: {key} must be >= 1, got 0"):
+        build(JobConfig, values)
+
+
+def test_the_rollout_checks_its_sampling_keys_as_validation_does() -> None:
+    with pytest.raises(ConfigError, match="rollout: temperature must be > 0 when do_sample"):
+        build(JobConfig, {"actor_rollout_ref": {"rollout": {"temperature": 0.0}}})
+    with pytest.raises(ConfigError, match="val_kwargs: top_p must be in"):
+        build(JobConfig, {"actor_rollout_ref": {"rollout": {"val_kwargs": {"top_p": 0.0}}}})
+
+
 def test_the_databuffer_wait_is_an_option() -> None:
     assert build(JobConfig, {}).services.databuffer_wait_s == 600.0
     assert build(JobConfig, {"services": {"databuffer_wait_s": 30}}).services.databuffer_wait_s \

@@ -316,7 +316,7 @@ class CriticConfig(UpdateMicroBatches):
     fsdp_config: FSDPConfig = nested(FSDPConfig, "offload and mixed precision of the critic")
 
     def check(self) -> list[str]:
-        problems = _below_one(self, UPDATE_COUNTS)
+        problems = _below_one(self, ("ppo_mini_batch_size", "ppo_epochs", *UPDATE_COUNTS))
         if self.model.lora_rank > 0:
             problems.append("critic.model.lora_rank: LoRA is for the policy "
                             "(actor_rollout_ref.model.lora_rank); the critic trains fully")
@@ -523,12 +523,15 @@ class JobConfig:
         problems = []
         actor = self.actor_rollout_ref.actor
         n = self.actor_rollout_ref.rollout.n
-        if self.data.train_batch_size % actor.ppo_mini_batch_size:
+        # a size below 1 is the actor section's problem already; no divisibility to check then
+        if actor.ppo_mini_batch_size >= 1 and \
+                self.data.train_batch_size % actor.ppo_mini_batch_size:
             problems.append(
                 f"data.train_batch_size ({self.data.train_batch_size}) must be divisible by "
                 f"actor_rollout_ref.actor.ppo_mini_batch_size ({actor.ppo_mini_batch_size})"
             )
-        if (actor.ppo_mini_batch_size * n) % actor.ppo_micro_batch_size_per_rank:
+        if actor.ppo_micro_batch_size_per_rank >= 1 and \
+                (actor.ppo_mini_batch_size * n) % actor.ppo_micro_batch_size_per_rank:
             problems.append(
                 f"samples per mini-batch (ppo_mini_batch_size {actor.ppo_mini_batch_size} x "
                 f"rollout.n {n}) must be divisible by ppo_micro_batch_size_per_rank "
