@@ -13,6 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from dagrl.config import OptimConfig
+from dagrl_worker.device import RankDevice
 from dagrl_worker.training.engine import EngineOptions, TrainEngine
 from dagrl_worker.training.parallel import DataParallel
 from services.worker.tests.test_gpu_training import model_and_rows, update_actor_once
@@ -25,7 +26,8 @@ pytestmark = [
 
 def _ddp_step(rank: int, port: int, checkpoint: str, results: dict) -> None:
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    backend = RankDevice(torch.device("cuda", rank)).backend  # NCCL + gloo for host tensors
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=2)
     model, rows = model_and_rows(Path(checkpoint))
     half = rows.slice(rank * len(rows) // 2, (rank + 1) * len(rows) // 2)

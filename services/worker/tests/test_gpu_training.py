@@ -59,8 +59,8 @@ def update_actor_once(engine: TrainEngine, rows) -> MetricSink:
 
 def _one_rank_group() -> DataParallel:
     if not dist.is_initialized():
-        dist.init_process_group("nccl", init_method=f"file://{tempfile.mktemp()}", rank=0,
-                                world_size=1)
+        dist.init_process_group(CUDA.backend, init_method=f"file://{tempfile.mktemp()}",
+                                rank=0, world_size=1)
     return DataParallel(dist.group.WORLD, 0, 1)
 
 
@@ -97,6 +97,21 @@ def test_bf16_fsdp_keeps_fp32_master_weights(tiny_checkpoint: Path) -> None:
     assert state and all(v.dtype == torch.float32 and v.is_cuda for v in state)
 
 
+def test_fsdp2_with_cpu_offload_clips_and_gathers_on_one_rank(tiny_checkpoint: Path) -> None:
+    """FSDP2's `CPUOffloadPolicy` keeps the shards as CPU DTensors: gradient clipping and
+    `full_tensor()` reduce host tensors, which a plain NCCL group refuses even on one rank
+    (pytorch#148532); the device-mapped group carries them on gloo."""
+    model, rows = model_and_rows(tiny_checkpoint)
+    options = EngineOptions("fsdp", param_offload=True)
+    engine = TrainEngine(model.cuda().train(), OptimConfig(lr=1e-2), 2, _one_rank_group(),
+                         options)
+    before = {n: p.detach().full_tensor().clone() for n, p in engine.inner.named_parameters()}
+    sink = update_actor_once(engine, rows)
+    assert sink.value("actor/grad_norm") > 0
+    state = engine.full_state_dict()
+    assert any(not torch.equal(before[n], state[n]) for n in before)
+
+
 def test_offload_and_reload_leave_parameters_bit_equal(tiny_checkpoint: Path) -> None:
     model, rows = model_and_rows(tiny_checkpoint)
     options = EngineOptions(param_offload=True, optimizer_offload=True)
@@ -116,7 +131,7 @@ def test_offload_and_reload_leave_parameters_bit_equal(tiny_checkpoint: Path) ->
 
 def test_a_gpu_rank_places_its_models_on_the_gpu(tiny_checkpoint: Path, tmp_path: Path) -> None:
     worker = make_worker(tiny_checkpoint, tmp_path, "ppo")
-    assert worker.device.is_cuda and worker.device.backend == "nccl"
+    assert worker.device.is_cuda and worker.device.backend == "cpu:gloo,cuda:nccl"
     worker.init_graph()
     models = worker.models[0]
     for module in (models.actor.inner, models.reference, models.critic.inner):

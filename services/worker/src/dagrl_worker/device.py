@@ -4,7 +4,8 @@
 actor's visible devices, and the driver asks Ray for GPUs by the same rule, `wants_gpu`).
 The one decision, a `RankDevice`, sets:
 - where every model and its optimizer state live (`RankDevice.device`),
-- the process groups' backend (`backend`: NCCL on CUDA, gloo on CPU),
+- the process groups' backend (`backend`: on CUDA one group of two backends, NCCL for device
+  tensors and gloo for host tensors; gloo on CPU),
 - where the rollout engines run (`is_cuda`).
 Nothing else in the worker asks `torch.cuda.is_available()`.
 
@@ -31,6 +32,7 @@ from dagrl.config import FSDPConfig, JobConfig
 from dagrl.errors import ConfigError
 
 DeviceSetting = str  # trainer.device: "auto", "cpu" or "cuda"
+DEVICE_MAPPED_BACKEND = "cpu:gloo,cuda:nccl"
 
 
 def wants_gpu(setting: DeviceSetting, gpus_available: bool) -> bool:
@@ -51,8 +53,15 @@ class RankDevice:
 
     @property
     def backend(self) -> str:
-        """torch.distributed backend of this rank's process groups."""
-        return "nccl" if self.is_cuda else "gloo"
+        """torch.distributed backend of this rank's process groups.
+
+        On CUDA each group maps a backend per device type, NCCL for device tensors and gloo
+        for host tensors (torchtune and verl build theirs the same way): a plain `nccl` group
+        refuses host tensors ("No backend type associated with device type cpu"), and some
+        collectives are on host tensors by design: the loss denominators and micro-batch
+        counts the PPO loop agrees on (`training.parallel`), the DTensors of FSDP2's
+        `CPUOffloadPolicy` in gradient clipping and state gathering."""
+        return DEVICE_MAPPED_BACKEND if self.is_cuda else "gloo"
 
     def memory_gb(self) -> tuple[float, float]:
         """(max allocated, max reserved) GiB on this rank's GPU since the last call; zeros on

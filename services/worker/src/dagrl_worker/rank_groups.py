@@ -1,7 +1,8 @@
 """One rank's process groups and its device's memory.
 
 `RankGroups.setup` joins the world group over the rank's device backend (`device.RankDevice`
-decides it once: NCCL on CUDA, gloo on CPU), then creates the plan's groups and the weight-sync
+decides it once: on CUDA NCCL for device tensors and gloo for host tensors in every group, gloo
+on CPU), then creates the plan's groups and the weight-sync
 groups in the one order every rank follows (`new_group` is collective), and vLLM's own groups
 when the rollout is vLLM. `dp_for` hands a node the data-parallel view of its group.
 

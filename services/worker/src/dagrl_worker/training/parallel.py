@@ -3,6 +3,10 @@
 `DataParallel` wraps the torch process group a MODEL_* node spans (created by the
 worker exactly as the plan lists it) with the few reductions the PPO loops need. With
 one rank, or no process group at all, every collective is a local no-op.
+
+`sum` and `max_int` reduce host tensors (numbers the loops read on the host before any
+device work): on a GPU rank the group's gloo half carries them (`device.RankDevice.backend`
+maps one backend per device type), so they never wait for the device.
 """
 
 from __future__ import annotations
