@@ -103,10 +103,11 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class MixedPrecisionConfig:
-    param_dtype: Literal["float32", "bfloat16"] = option(
-        "float32", "compute dtype of forward and backward: bfloat16 runs them in bf16 over "
+    param_dtype: Literal["auto", "float32", "bfloat16"] = option(
+        "auto", "compute dtype of forward and backward: bfloat16 runs them in bf16 over "
         "fp32 master weights (autocast on one rank or DDP, FSDP2's MixedPrecisionPolicy when "
-        "sharded); log-probs, losses and clipping stay fp32. float32: mixed precision off")
+        "sharded); log-probs, losses and clipping stay fp32. float32: mixed precision off. "
+        "auto: bfloat16 on GPU ranks, float32 on CPU")
     reduce_dtype: Literal["float32", "bfloat16"] = option(
         "float32", "dtype of the gradient all-reduce across data-parallel ranks (FSDP2)")
 
@@ -255,11 +256,13 @@ class RolloutConfig(SamplingConfig, LogProbMicroBatches):
                                                 "vLLM's default)")
     max_model_len: int | None = option(None, "vllm: longest sequence, prompt included "
                                        "(None: the model's max_position_embeddings)")
-    enforce_eager: bool = option(True, "vllm: no CUDA graphs (faster start, slower decode)")
+    enforce_eager: bool | None = option(
+        None, "vllm: no CUDA graphs (faster start, slower decode); None: eager on CPU, CUDA "
+        "graphs on GPU")
     free_cache_engine: bool = option(True, "vllm on GPU: sleep (free KV cache and offload "
                                      "weights) while the rank trains")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = option(
-        "auto", "vllm: engine dtype (auto: the model's dtype)")
+        "auto", "vllm: engine dtype (auto: bfloat16 on GPU, the model's dtype on CPU)")
     seed: int = option(0, "rollout sampling seed; each sample's seed derives from it, the "
                        "step and the sample's uid")
     cpu_kv_cache_gb: float = option(1.0, "vllm on CPU: KV cache size in GiB "
@@ -408,6 +411,8 @@ class TrainerConfig:
     nnodes: int = option(1, "machines in the cluster")
     n_ranks_per_node: int = option(1, "ranks (GPUs, or CPU processes) per machine")
     device: Literal["auto", "cpu", "cuda"] = option("auto", "auto: cuda when available")
+    allow_tf32: bool = option(True, "GPU ranks: fp32 matmuls and convolutions on TF32 tensor "
+                              "cores (what stays fp32 under bf16 mixed precision)")
     seed: int = option(1, "global seed (model init, sampling)")
     save_freq: int = option(-1, "checkpoint every N steps; -1 disables")
     test_freq: int = option(-1, "validate every N steps; -1 disables")

@@ -60,8 +60,8 @@ def test_cuda_without_a_gpu_is_refused_naming_the_key() -> None:
         rank_device("cuda", has_gpu=False)
 
 
-def test_a_gpu_rank_uses_nccl() -> None:
-    assert RankDevice(torch.device("cuda", 0)).backend == "nccl"
+def test_a_gpu_rank_uses_nccl_for_device_tensors_and_gloo_for_host_tensors() -> None:
+    assert RankDevice(torch.device("cuda", 0)).backend == "cpu:gloo,cuda:nccl"
 
 
 def test_only_the_device_module_asks_whether_cuda_is_available() -> None:
@@ -234,3 +234,55 @@ def test_the_attention_option_reaches_the_loaded_modules(tiny_checkpoint: Path, 
     own = build_rollout(str(tiny_checkpoint), config, tokenizer, None, rank_device("cpu"))
     assert isinstance(own, HFRollout)
     assert own.module.config._attn_implementation == kernel
+
+
+CUDA = RankDevice(torch.device("cuda", 0))
+
+
+def _decided(device: RankDevice, overrides: dict | None = None):
+    from dagrl_worker.device import for_device
+
+    return for_device(load_job_config(data=overrides or {}), device)
+
+
+def test_gpu_ranks_default_to_what_gpu_users_run_and_cpu_ranks_keep_theirs() -> None:
+    """#32 defect 8: bf16 compute over fp32 master weights, a bf16 engine with CUDA graphs on
+    GPU; fp32, an engine in the model's dtype and eager on CPU."""
+    on_gpu, on_cpu = _decided(CUDA), _decided(rank_device("cpu"))
+    for config, compute in ((on_gpu, "bfloat16"), (on_cpu, "float32")):
+        policy = config.actor_rollout_ref
+        for fsdp in (policy.actor.fsdp_config, policy.ref.fsdp_config,
+                     config.critic.fsdp_config):
+            assert fsdp.mixed_precision.param_dtype == compute
+        assert policy.model.dtype == "float32"  # the master weights stay fp32 either way
+    assert on_gpu.actor_rollout_ref.rollout.dtype == "bfloat16"
+    assert on_gpu.actor_rollout_ref.rollout.enforce_eager is False
+    assert on_cpu.actor_rollout_ref.rollout.dtype == "float32"
+    assert on_cpu.actor_rollout_ref.rollout.enforce_eager is True
+    assert on_gpu.trainer.allow_tf32 is True
+
+
+def test_a_value_the_user_set_wins_over_the_gpu_default() -> None:
+    config = _decided(CUDA, {"actor_rollout_ref": {
+        "actor": {"fsdp_config": {"mixed_precision": {"param_dtype": "float32"}}},
+        "rollout": {"enforce_eager": True, "dtype": "float16"}}})
+    assert config.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "float32"
+    assert config.actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype == "bfloat16"
+    assert config.actor_rollout_ref.rollout.enforce_eager is True
+    assert config.actor_rollout_ref.rollout.dtype == "float16"
+
+
+def test_tf32_is_switched_on_gpu_ranks_only() -> None:
+    from dagrl_worker.device import use_tf32
+
+    was = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        use_tf32(rank_device("cpu"), True)
+        assert torch.backends.cuda.matmul.allow_tf32 is False
+        use_tf32(CUDA, True)  # a flag only: no CUDA call
+        assert torch.backends.cuda.matmul.allow_tf32 is True
+        use_tf32(CUDA, False)
+        assert torch.backends.cuda.matmul.allow_tf32 is False
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = was

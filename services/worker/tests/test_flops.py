@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 from dagrl.batch import Batch
 from dagrl.config import ModelConfig
 from dagrl_worker.training import lora
-from dagrl_worker.training.flops import FlopCounter, measured_cpu_matmul_flops
+from dagrl_worker.training.flops import FlopCounter, gpu_peak_flops, measured_cpu_matmul_flops
 
 LENGTH = 24
 
@@ -63,3 +63,20 @@ def test_cpu_peak_is_a_measured_rate_that_leaves_the_global_rng_alone() -> None:
     state = torch.random.get_rng_state()
     assert measured_cpu_matmul_flops() > 1e8
     assert torch.equal(torch.random.get_rng_state(), state)  # sampling seeds stay as they were
+
+
+def tflops(name: str, dtype: torch.dtype, tf32: bool = False) -> float | None:
+    peak = gpu_peak_flops(name, dtype, tf32)
+    return None if peak is None else round(peak / 1e12, 1)
+
+
+def test_gpu_peaks_follow_the_part_and_whether_fp32_runs_as_tf32() -> None:
+    assert tflops("NVIDIA H100 80GB HBM3", torch.bfloat16) == 989.4
+    assert tflops("NVIDIA H100 PCIe", torch.bfloat16) == 756.0
+    assert tflops("NVIDIA H100 NVL", torch.bfloat16) == 835.0
+    assert tflops("NVIDIA H200", torch.bfloat16) == 989.4
+    # fp32: TF32's tensor-core peak only where TF32 is on; the CUDA cores' otherwise
+    assert tflops("NVIDIA H100 80GB HBM3", torch.float32, tf32=True) == 494.7
+    assert tflops("NVIDIA H100 80GB HBM3", torch.float32) == 66.9
+    assert tflops("NVIDIA A100-SXM4-80GB", torch.float32) == 19.5
+    assert tflops("Some Future GPU", torch.bfloat16) is None

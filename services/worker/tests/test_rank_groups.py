@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from dagrl.workflow import load_workflow
-from dagrl_worker.device import RankDevice, rank_device
+from dagrl_worker.device import rank_device
 from dagrl_worker.executors.base import AgentModels
 from dagrl_worker.plan_view import PlanView, colocated_plan
 from dagrl_worker.rank_groups import RankGroups, offload_engines, peak_flops
@@ -21,12 +19,6 @@ def test_without_a_world_group_every_node_runs_alone() -> None:
     assert (dp.group, dp.rank, dp.size) == (None, 0, 1)
     assert groups.group_for("actor_train") is None and groups.group_for("reward") is None
     assert rank_device("cpu").backend == "gloo"
-
-
-def test_a_gpu_ranks_groups_carry_host_tensors_too() -> None:
-    """NCCL alone refuses host tensors; a GPU rank's groups map gloo for them
-    (tests/integration/test_host_collectives.py runs the collectives under imitated NCCL)."""
-    assert RankDevice(torch.device("cuda", 0)).backend == "cpu:gloo,cuda:nccl"
 
 
 @dataclass

@@ -29,7 +29,7 @@ from dagrl.errors import ConfigError
 from dagrl.job_rules import model_path, reward_model_path_problem
 from dagrl.models import load_tokenizer
 from dagrl.workflow import Node, NodeRole, NodeType, TaskGraph
-from dagrl_worker.device import CPU, Precision, RankDevice
+from dagrl_worker.device import CPU, Precision, RankDevice, for_device
 from dagrl_worker.executors.base import AgentModels, UnsupportedNodeError
 from dagrl_worker.rewards.scorers import Judge, load_reward_model
 from dagrl_worker.rollout import HFRollout, RolloutBackend
@@ -106,6 +106,7 @@ def build_agent_models(graph: TaskGraph, my_nodes: set[str], agent_group: int,
     """The models of one agent group on this rank, on its `device`. `policy_weights` (a
     checkpoint folder) replaces the policy's initial weights on resume; the reference always
     starts from the original checkpoint."""
+    config = for_device(config, device)  # (a DAGWorker's is decided already: idempotent)
     nodes = [graph[n] for n in my_nodes if graph[n].agent_group == agent_group]
     roles = {n.node_role for n in nodes}
     policy = config.actor_rollout_ref.model
@@ -211,6 +212,7 @@ def build_rollout(weights: str, config: JobConfig, tokenizer: PreTrainedTokenize
     rank), else with a module of its own; `vllm` always runs an engine of its own. Weight
     sync refreshes whatever does not share the actor's module.
     """
+    config = for_device(config, device)
     rollout = config.actor_rollout_ref.rollout
     policy = config.actor_rollout_ref.model
     if rollout.name == "vllm":

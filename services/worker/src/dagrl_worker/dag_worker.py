@@ -40,7 +40,13 @@ from dagrl_worker.async_training.weight_publish import Published
 from dagrl_worker.checkpoint import resume_folder
 from dagrl_worker.config import WorkerSettings
 from dagrl_worker.dataflow import EdgeRouter, ShardStore
-from dagrl_worker.device import device_problems, device_warnings, rank_device
+from dagrl_worker.device import (
+    device_problems,
+    device_warnings,
+    for_device,
+    rank_device,
+    use_tf32,
+)
 from dagrl_worker.evaluation import EvaluationRun, evaluate, evaluation_nodes, evaluation_router
 from dagrl_worker.executors.base import AgentModels, Executor, StepContext
 from dagrl_worker.metrics import MetricSink, Reduce, Summary
@@ -61,8 +67,10 @@ class DAGWorker:
         one); with `trainer.device` it decides the rank's device (`dagrl_worker.device`)."""
         torch.set_num_threads(WorkerSettings.from_env().torch_threads)
         self.spec, self.rank, self.store = spec, rank, store
-        self.config: JobConfig = spec.job_config()
-        self.device = rank_device(self.config.trainer.device, has_gpu)
+        config = spec.job_config()
+        self.device = rank_device(config.trainer.device, has_gpu)
+        self.config: JobConfig = for_device(config, self.device)
+        use_tf32(self.device, self.config.trainer.allow_tf32)
         self.graph = spec.workflow()
         self.plan = spec.plan_view()
         self.groups = RankGroups(self.graph, self.plan, rank, self.device)

@@ -13,6 +13,12 @@ Batches cross node boundaries on the CPU (the databuffer, the codec, metrics and
 never see a device tensor): a micro-batch moves to the device where a forward begins
 (`training.ppo`) and its outputs come back where it ends.
 
+Settings whose best value depends on the device default to `auto` (None) and are decided
+here, once per rank (`for_device`): on CUDA what verl users run — bf16 compute over fp32
+master weights, a bf16 vLLM engine with CUDA graphs, TF32 for the matmuls that stay fp32
+(`use_tf32`) — and on CPU what runs best there — fp32, an engine in the model's dtype,
+eager. A value the user set is kept.
+
 `Precision` is one model's mixed-precision policy (`fsdp_config.mixed_precision`): bf16
 compute over fp32 master weights, by autocast (one rank, DDP) or FSDP2's
 `MixedPrecisionPolicy` (sharded); log-probs, losses and gradient clipping stay fp32.
@@ -21,6 +27,7 @@ compute over fp32 master weights, by autocast (one rank, DDP) or FSDP2's
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import os
 from collections.abc import Iterator
@@ -100,6 +107,40 @@ def rank_device(setting: DeviceSetting, has_gpu: bool | None = None) -> RankDevi
     return RankDevice(torch.device("cuda", index))
 
 
+def for_device(config: JobConfig, device: RankDevice) -> JobConfig:
+    """`config` with every device-dependent default (`auto`, None) decided for `device`."""
+    compute = "bfloat16" if device.is_cuda else "float32"
+
+    def decided(fsdp: FSDPConfig) -> FSDPConfig:
+        if fsdp.mixed_precision.param_dtype != "auto":
+            return fsdp
+        return dataclasses.replace(fsdp, mixed_precision=dataclasses.replace(
+            fsdp.mixed_precision, param_dtype=compute))
+
+    policy = config.actor_rollout_ref
+    rollout = policy.rollout
+    if rollout.dtype == "auto":
+        rollout = dataclasses.replace(
+            rollout, dtype="bfloat16" if device.is_cuda else policy.model.dtype)
+    if rollout.enforce_eager is None:
+        rollout = dataclasses.replace(rollout, enforce_eager=not device.is_cuda)
+    policy = dataclasses.replace(
+        policy, rollout=rollout,
+        actor=dataclasses.replace(policy.actor, fsdp_config=decided(policy.actor.fsdp_config)),
+        ref=dataclasses.replace(policy.ref, fsdp_config=decided(policy.ref.fsdp_config)))
+    critic = dataclasses.replace(config.critic,
+                                 fsdp_config=decided(config.critic.fsdp_config))
+    return dataclasses.replace(config, actor_rollout_ref=policy, critic=critic)
+
+
+def use_tf32(device: RankDevice, enabled: bool) -> None:
+    """On a GPU rank, fp32 matmuls and convolutions on TF32 tensor cores
+    (`trainer.allow_tf32`); a CPU rank has none and is left as it is."""
+    if device.is_cuda:
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        torch.backends.cudnn.allow_tf32 = enabled
+
+
 def device_problems(config: JobConfig, device: RankDevice) -> list[str]:
     """Settings that mean nothing on this rank's device: named, with what to change."""
     problems = []
@@ -126,7 +167,7 @@ def device_warnings(config: JobConfig, device: RankDevice) -> list[str]:
     if device.is_cuda or cpu_has_native_bf16():
         return []
     mixed = [key for key, fsdp in fsdp_sections(config).items()
-             if fsdp.mixed_precision.param_dtype != "float32"]
+             if fsdp.mixed_precision.param_dtype == "bfloat16"]  # (auto: fp32 on CPU)
     if not mixed:
         return []
     return [f"{', '.join(k + '.mixed_precision.param_dtype' for k in mixed)}: bfloat16 on a "
@@ -161,7 +202,11 @@ class Precision:
 
     @classmethod
     def of(cls, fsdp: FSDPConfig) -> Precision:
+        """The policy `fsdp` sets, once `for_device` decided its `auto`."""
         mixed = fsdp.mixed_precision
+        if mixed.param_dtype == "auto":
+            raise ValueError("mixed_precision.param_dtype is still auto: decide it for the "
+                             "rank's device first (device.for_device)")
         return cls(getattr(torch, mixed.param_dtype), getattr(torch, mixed.reduce_dtype))
 
     @property

@@ -9,8 +9,10 @@ d = heads x head dim). Training is forward + backward: 3 forwards when the weigh
 are left out). Padding is not counted: MFU measures useful work, so removing padding
 raises it.
 
-The peak: a CUDA device's dense bf16/fp16 figure from its data sheet (fp32 runs as TF32 at
-half of it); on CPU the dense matmul rate in the compute dtype (bf16 under mixed precision)
+The peak: a CUDA device's dense figure from its data sheet for the compute dtype (bf16; for
+fp32, TF32's where torch runs fp32 matmuls as TF32 — a GPU rank does unless
+`trainer.allow_tf32` is off — else the CUDA cores'; PCIe and NVL parts have their own lower
+figures); on CPU the dense matmul rate in the compute dtype (bf16 under mixed precision)
 measured once on this process's threads, an attainable peak rather than a data sheet's, so a
 CPU MFU says how close the step comes to the matmul rate. A GPU this table does not know
 gives no MFU.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import time
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -27,10 +30,41 @@ import torch
 from dagrl.batch import Batch
 from dagrl.batch import schema as fields
 
-# dense bf16 TFLOP/s by a substring of torch.cuda.get_device_name()
-_GPU_BF16_TFLOPS = (("B200", 2250.0), ("H200", 989.0), ("H100", 989.0), ("H800", 989.0),
-                    ("H20", 148.0), ("A100", 312.0), ("A800", 312.0), ("L40S", 362.0),
-                    ("L40", 181.0), ("A10", 125.0), ("4090", 165.0), ("3090", 71.0))
+
+@dataclass(frozen=True)
+class GpuPeak:
+    """A GPU's dense tensor-core peaks from its data sheet, TFLOP/s (no sparsity)."""
+
+    name: str  # a substring of torch.cuda.get_device_name()
+    bf16: float  # bf16 / fp16 with fp32 accumulation
+    tf32: float  # fp32 matmuls on tensor cores (torch's allow_tf32)
+    fp32: float  # fp32 matmuls without TF32 (CUDA cores)
+
+
+# Most specific first: "H100 PCIe" before "H100" (an SXM part reports "H100 80GB HBM3")
+_GPU_PEAKS = (
+    GpuPeak("B200", 2250.0, 1100.0, 80.0),
+    GpuPeak("H200 NVL", 835.0, 417.5, 60.0), GpuPeak("H200", 989.4, 494.7, 66.9),
+    GpuPeak("H100 PCIe", 756.0, 378.0, 51.2), GpuPeak("H100 NVL", 835.0, 417.5, 60.0),
+    GpuPeak("H100", 989.4, 494.7, 66.9),
+    GpuPeak("H800 PCIe", 756.0, 378.0, 51.2), GpuPeak("H800", 989.4, 494.7, 66.9),
+    GpuPeak("H20", 148.0, 74.0, 44.0),
+    GpuPeak("A100", 312.0, 156.0, 19.5), GpuPeak("A800", 312.0, 156.0, 19.5),
+    GpuPeak("L40S", 362.0, 183.0, 91.6), GpuPeak("L40", 181.0, 90.5, 90.5),
+    GpuPeak("A10", 125.0, 62.5, 31.2),
+    GpuPeak("4090", 165.2, 82.6, 82.6), GpuPeak("3090", 71.0, 35.6, 35.6),
+)
+
+
+def gpu_peak_flops(name: str, dtype: torch.dtype, tf32: bool) -> float | None:
+    """The dense peak FLOP/s of the GPU called `name` for matmuls in `dtype` (fp32: TF32's
+    peak where `tf32` is on, else the CUDA cores'), or None for a GPU this table lacks."""
+    for peak in _GPU_PEAKS:
+        if peak.name in name:
+            if dtype == torch.float32:
+                return (peak.tf32 if tf32 else peak.fp32) * 1e12
+            return peak.bf16 * 1e12
+    return None
 
 
 class FlopCounter:
@@ -63,11 +97,8 @@ class FlopCounter:
 def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
     """FLOP/s this rank's device can do at best (see the module docstring), or None."""
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, tflops in _GPU_BF16_TFLOPS:
-            if key in name:
-                return tflops * 1e12 * (0.5 if dtype == torch.float32 else 1.0)
-        return None
+        return gpu_peak_flops(torch.cuda.get_device_name(device), dtype,
+                              tf32=torch.backends.cuda.matmul.allow_tf32)
     if device.type == "cpu":
         return measured_cpu_matmul_flops(dtype)
     return None
