@@ -5,7 +5,8 @@ what a GPU rank's groups are created with) join their groups through `RankGroups
 then do what every multi-rank mini-batch and every sharded forward-only pass does: agree on
 host numbers (`DataParallel.sum`, `max_int`), one PPO update of a tiny model sharded with
 FSDP2 over the actor's group (uneven micro-batch counts, so the padding agreement runs), and
-a forward-only log-prob pass of the sharded model. A group whose backend serves only CUDA
+a forward-only log-prob pass of the sharded model. DDP with `param_offload` is refused there
+(its gradient buckets would stay on the GPU). A group whose backend serves only CUDA
 refuses the host tensors, as NCCL does; the device-mapped backend carries them on gloo.
 """
 
@@ -48,6 +49,7 @@ def _tiny_module() -> torch.nn.Module:
 def _rank(rank: int, port: int, results: dict) -> None:
     imitate_nccl()
     from dagrl.config import ActorConfig, OptimConfig, RolloutConfig, RolloutCorrectionConfig
+    from dagrl.errors import ConfigError
     from dagrl.workflow import load_workflow
     from dagrl_worker.device import RankDevice
     from dagrl_worker.metrics import MetricSink
@@ -81,6 +83,12 @@ def _rank(rank: int, port: int, results: dict) -> None:
         outcome["moved"] = any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
         log_probs = compute_log_probs(forward_module(engine), rows, MicroBatching(2), 1.0)
         outcome["log_probs_finite"] = bool(torch.isfinite(log_probs).all())
+        try:  # DDP would leave its gradient buckets on the GPU: refused
+            TrainEngine(_tiny_module(), OptimConfig(), 10, dp,
+                        EngineOptions("ddp", param_offload=True))
+            outcome["ddp_offload"] = "accepted"
+        except ConfigError as error:
+            outcome["ddp_offload"] = str(error)
         results[rank] = outcome
     except RuntimeError as error:
         results[rank] = {"error": str(error)}
@@ -101,6 +109,7 @@ def test_a_gpu_ranks_host_collectives_pass_imitated_nccl() -> None:
         assert results[rank]["sum"] == [3.0, 4.0]
         assert results[rank]["max"] == 4
         assert results[rank]["moved"] and results[rank]["log_probs_finite"]
+        assert "set the model's strategy to fsdp" in results[rank]["ddp_offload"]
 
 
 def _plain_nccl(rank: int, port: int, results: dict) -> None:

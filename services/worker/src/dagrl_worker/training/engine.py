@@ -38,6 +38,7 @@ from torch.distributed.fsdp import (
 from torch.nn.parallel import DistributedDataParallel
 
 from dagrl.config import OptimConfig
+from dagrl.errors import ConfigError
 from dagrl_worker.device import Precision
 from dagrl_worker.training import lora
 from dagrl_worker.training.flops import FlopCounter, peak_flops
@@ -90,6 +91,13 @@ class TrainEngine:
         if self.dp.group is None or (self.strategy == "ddp" and not self.dp.is_distributed):
             return module
         if self.strategy == "ddp":
+            if self.options.param_offload:
+                raise ConfigError(
+                    "fsdp_config.param_offload with strategy ddp over "
+                    f"{self.dp.size} ranks: DDP's gradient buckets stay on the GPU when its "
+                    "parameters move to the host, so offloading frees little; set the "
+                    "model's strategy to fsdp (FSDP2 keeps sharded parameters in host memory "
+                    "with its CPUOffloadPolicy) or param_offload false")
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             return DistributedDataParallel(module, process_group=self.dp.group,
                                            device_ids=device_ids)
@@ -235,10 +243,12 @@ class TrainEngine:
 
 
 def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    """Every tensor of the optimizer's state (Adam's moments, its step counts) to `device`."""
+    """The optimizer's per-parameter tensors (Adam's moments) to `device`. Scalar state (Adam's
+    `step`) stays on the host, where torch's non-capturable Adam keeps it: on the GPU each
+    parameter's step would cost an `.item()`, a wait for the device, every optimizer step."""
     for state in optimizer.state.values():
         for key, value in state.items():
-            if isinstance(value, torch.Tensor):
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
                 state[key] = value.to(device, non_blocking=True)
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -11,8 +11,11 @@ token-balanced resharding make shards uneven). The loops stay in lock step anywa
   sequence) — the same update as one big batch on one rank.
 
 What the loop pays for: counts that size a micro-batch are read from its host rows before
-they cross to the device; the metrics of a micro-batch stay on the device until one transfer
-brings them all (`MicroMetrics`): each `float(t)` of a GPU tensor waits for the device. The
+they cross to the device; the metrics of a mini-batch's micro-batches stay on the device until
+one transfer after its optimizer step brings them all (`MicroMetrics`): each `float(t)` of a
+GPU tensor waits for the device, and a wait between micro-batches would leave the GPU idle
+while the host queues the next one. Forward-only passes keep each micro-batch's outputs on
+the device and bring them back in one transfer at the end. The
 entropy is computed without autograd when `entropy_coeff` is 0 (a metric only).
 """
 
@@ -67,8 +70,9 @@ def _denominator_tensor(mask: torch.Tensor, mode: str) -> torch.Tensor:
 
 
 class MicroMetrics:
-    """One micro-batch's metrics, kept on the device and brought to the host in one transfer
-    (`flush`): the six `float(t)` per micro-batch this replaces each waited for the GPU.
+    """A mini-batch's micro-batch metrics, kept on the device and brought to the host in one
+    transfer (`flush`): the six `float(t)` per micro-batch this replaces each waited for the
+    GPU.
 
     `add(name, value, reduce, weight)`: `value` and `weight` are 0-dim tensors."""
 
@@ -163,7 +167,6 @@ def run_minibatches(engine: TrainEngine, rows: Batch, plan: MiniBatchPlan, step:
                 with engine.accumulate(index == len(micros) - 1), telemetry.phase_span(
                         step.span_name) as span, sink.compute():
                     step.run(batch, scale, metrics)
-                    metrics.flush(sink)
                     span.add_tokens(int(host.tensors[fields.RESPONSE_MASK].sum()))
                     if not is_padding:
                         micro_flops = engine.flop_counter.training(host)
@@ -173,6 +176,7 @@ def run_minibatches(engine: TrainEngine, rows: Batch, plan: MiniBatchPlan, step:
                     record_padding(host, sink)
             with telemetry.phase_span(telemetry.SPAN_OPTIMIZER_STEP), sink.compute():
                 grad_norms.append(engine.optimizer_step())
+            metrics.flush(sink)  # the device is idle after the step: one transfer, no wait
     elapsed = time.perf_counter() - started
     if engine.peak_flops and elapsed > 0:
         sink.add(step.mfu_key, flops / (elapsed * engine.peak_flops), Reduce.MEAN)
@@ -349,9 +353,9 @@ def forward_in_micro_batches(target: ForwardTarget | torch.nn.Module, rows: Batc
                              ) -> torch.Tensor:
     """`forward` over rows in micro-batches, back on the host in row order at full width.
 
-    [B, R]. Each micro-batch crosses to the target's device and its output comes back: the
-    seam. A sharded target's every rank runs as many forwards as the busiest one (the extra
-    ones on a masked-out row).
+    [B, R]. Each micro-batch crosses to the target's device; the outputs stay there until
+    every micro-batch ran and come back in one transfer: the seam. A sharded target's every
+    rank runs as many forwards as the busiest one (the extra ones on a masked-out row).
     """
     if isinstance(target, torch.nn.Module):
         target = frozen_target(target)
@@ -363,7 +367,7 @@ def forward_in_micro_batches(target: ForwardTarget | torch.nn.Module, rows: Batc
     module.eval()
     try:
         with target.compute():
-            outputs = [forward(module, piece.to(target.device)).cpu() for piece in pieces]
+            outputs = [forward(module, piece.to(target.device)) for piece in pieces]
             for _ in range(padding):
                 forward(module, masked_out_row(rows).to(target.device))
     finally:
@@ -372,8 +376,8 @@ def forward_in_micro_batches(target: ForwardTarget | torch.nn.Module, rows: Batc
     if not outputs:
         return torch.zeros(0, width)
     if micro.max_tokens is None:
-        return torch.cat(outputs, dim=0)
-    return scatter_rows(outputs, groups, len(rows), width)
+        return torch.cat(outputs, dim=0).cpu()
+    return scatter_rows(outputs, groups, len(rows), width).cpu()
 
 
 def compute_log_probs(target: ForwardTarget | torch.nn.Module, rows: Batch,

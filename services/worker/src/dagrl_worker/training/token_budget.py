@@ -102,9 +102,10 @@ def trim_padding(batch: Batch) -> Batch:
 def scatter_rows(pieces: list[torch.Tensor], groups: list[list[int]], rows: int,
                  width: int) -> torch.Tensor:
     """Per-group outputs [b_i, w_i] back into one [rows, width] tensor in row order, zeros
-    where a trimmed piece was narrower."""
+    where a trimmed piece was narrower; on the pieces' device."""
     dtype = pieces[0].dtype if pieces else torch.float32
-    out = torch.zeros(rows, width, dtype=dtype)
+    device = pieces[0].device if pieces else torch.device("cpu")
+    out = torch.zeros(rows, width, dtype=dtype, device=device)
     for piece, indices in zip(pieces, groups, strict=True):
-        out[torch.tensor(indices), :piece.shape[1]] = piece.to(out.device)
+        out[torch.tensor(indices, device=device), :piece.shape[1]] = piece.to(device)
     return out
