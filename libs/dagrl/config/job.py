@@ -125,6 +125,17 @@ class FSDPConfig:
     mixed_precision: MixedPrecisionConfig = nested(MixedPrecisionConfig, "bf16 compute")
 
 
+def _engine_problems(strategy: str, fsdp: FSDPConfig) -> list[str]:
+    """A trained model's `fsdp_config` against its `strategy`."""
+    if strategy == "ddp":
+        return _unsharded_reduce_problems(fsdp, "DDP")
+    if strategy == "fsdp" and fsdp.optimizer_offload and not fsdp.param_offload:
+        return ["fsdp_config.optimizer_offload alone under strategy fsdp: FSDP2 keeps the "
+                "optimizer state beside the parameter shards; set param_offload too (FSDP2's "
+                "CPUOffloadPolicy: both in host memory)"]
+    return []
+
+
 def _unsharded_reduce_problems(fsdp: FSDPConfig, engine: str) -> list[str]:
     """`reduce_dtype` is FSDP2's gradient reduce: under `engine` it means nothing."""
     if fsdp.mixed_precision.reduce_dtype == "float32":
@@ -199,14 +210,7 @@ class ActorConfig(UpdateMicroBatches):
         problems = _below_one(self, ("ppo_mini_batch_size", "ppo_epochs", *UPDATE_COUNTS))
         if self.clip_ratio_c <= 1:
             problems.append(f"clip_ratio_c must be > 1, got {self.clip_ratio_c}")
-        if self.strategy == "ddp":
-            problems.extend(_unsharded_reduce_problems(self.fsdp_config, "DDP"))
-        fsdp = self.fsdp_config
-        if self.strategy == "fsdp" and fsdp.optimizer_offload and not fsdp.param_offload:
-            problems.append("fsdp_config.optimizer_offload alone under strategy fsdp: FSDP2 "
-                            "keeps the optimizer state beside the parameter shards; set "
-                            "param_offload too (FSDP2's CPUOffloadPolicy: both in host memory)")
-        return problems
+        return problems + _engine_problems(self.strategy, self.fsdp_config)
 
 
 @dataclass(frozen=True)
@@ -311,6 +315,8 @@ class CriticConfig(UpdateMicroBatches):
     """The value model; its micro-batches (`UpdateMicroBatches`) serve its value passes too."""
 
     model: ModelConfig = nested(ModelConfig, "value model checkpoint (empty: the policy's)")
+    strategy: Literal["fsdp", "ddp"] = option(
+        "fsdp", "data-parallel engine: fsdp (FSDP2, sharded like the actor) or ddp")
     optim: OptimConfig = nested(OptimConfig, "critic optimizer")
     ppo_epochs: int = option(1, "passes over each rollout batch")
     ppo_mini_batch_size: int = option(16, "prompts per critic optimizer step")
@@ -323,8 +329,7 @@ class CriticConfig(UpdateMicroBatches):
         if self.model.lora_rank > 0:
             problems.append("critic.model.lora_rank: LoRA is for the policy "
                             "(actor_rollout_ref.model.lora_rank); the critic trains fully")
-        problems.extend(_unsharded_reduce_problems(self.fsdp_config, "DDP (the critic's)"))
-        return problems
+        return problems + _engine_problems(self.strategy, self.fsdp_config)
 
 
 @dataclass(frozen=True)

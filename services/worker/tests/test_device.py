@@ -187,16 +187,18 @@ def test_offload_is_a_no_op_unless_asked(tiny_checkpoint: Path) -> None:
 
 
 def test_a_reduce_dtype_where_nothing_reduces_in_it_is_refused() -> None:
-    """FSDP2's gradient-reduce dtype means nothing under DDP (fp32 gradients), for the critic
-    (always DDP) or for the frozen reference."""
+    """FSDP2's gradient-reduce dtype means nothing under DDP (fp32 gradients), for the actor
+    or the critic on strategy ddp, or for the frozen reference."""
     key = "fsdp_config.mixed_precision.reduce_dtype=bfloat16"
     with pytest.raises(ConfigError) as caught:
         load_job_config(overrides=["actor_rollout_ref.actor.strategy=ddp",
+                                   "critic.strategy=ddp",
                                    f"actor_rollout_ref.actor.{key}", f"critic.{key}",
                                    f"actor_rollout_ref.ref.{key}"])
     assert str(caught.value).count("reduce_dtype is bfloat16") == 3
     load_job_config(overrides=["actor_rollout_ref.actor.strategy=fsdp",
-                               f"actor_rollout_ref.actor.{key}"])  # FSDP2's own setting
+                               f"actor_rollout_ref.actor.{key}",
+                               f"critic.{key}"])  # FSDP2's own setting (both default fsdp)
 
 
 @pytest.mark.parametrize("native", [False, True])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from dagrl.config import FSDPConfig, JobConfig, ModelConfig, node_config
+from dagrl.config import FSDPConfig, JobConfig, ModelConfig, OptimConfig, node_config
 from dagrl.engines import require_engine
 from dagrl.errors import ConfigError
 from dagrl.job_rules import model_path, reward_model_path_problem
@@ -33,7 +34,7 @@ from dagrl_worker.device import CPU, Precision, RankDevice, for_device
 from dagrl_worker.executors.base import AgentModels, UnsupportedNodeError
 from dagrl_worker.rewards.scorers import Judge, load_reward_model
 from dagrl_worker.rollout import HFRollout, RolloutBackend
-from dagrl_worker.training import lora
+from dagrl_worker.training import lora, sharded_load
 from dagrl_worker.training.engine import HOST, EngineOptions, Strategy, TrainEngine
 from dagrl_worker.training.parallel import DataParallel
 from dagrl_worker.weight_layout import TensorSpec, specs_of
@@ -58,9 +59,49 @@ def _load_value_model(path: str, model: ModelConfig, device: torch.device) -> An
         attn_implementation=model.attn_implementation, local_files_only=True).to(device)
 
 
-def _engine_options(fsdp: FSDPConfig, strategy: Strategy) -> EngineOptions:
+def _engine_options(fsdp: FSDPConfig, strategy: Strategy, device: RankDevice) -> EngineOptions:
     return EngineOptions(strategy, Precision.of(fsdp), fsdp.param_offload,
-                         fsdp.optimizer_offload)
+                         fsdp.optimizer_offload, device.device)
+
+
+def _is_sharded(options: EngineOptions, dp: DataParallel) -> bool:
+    """Whether `TrainEngine` shards the model with FSDP2 (any group it is given)."""
+    return options.strategy == "fsdp" and dp.group is not None
+
+
+@dataclass(frozen=True)
+class _Checkpoint:
+    """A policy's (causal LM) or a value model's (one-label token classifier) checkpoint:
+    built empty from its config, or loaded in host memory."""
+
+    path: str
+    model: ModelConfig
+    value_head: bool = False
+
+    def empty(self) -> Any:
+        trust = self.model.trust_remote_code
+        labels = {"num_labels": 1} if self.value_head else {}
+        config = AutoConfig.from_pretrained(self.path, trust_remote_code=trust,
+                                            local_files_only=True, **labels)
+        auto = AutoModelForTokenClassification if self.value_head else AutoModelForCausalLM
+        return auto.from_config(config, dtype=getattr(torch, self.model.dtype),
+                                attn_implementation=self.model.attn_implementation,
+                                trust_remote_code=trust)
+
+    def loaded(self) -> Any:
+        load = _load_value_model if self.value_head else _load_causal_lm
+        return load(self.path, self.model, HOST)
+
+
+def _sharded_engine(checkpoint: _Checkpoint, optim: OptimConfig, total_steps: int,
+                    dp: DataParallel, options: EngineOptions) -> TrainEngine:
+    """An FSDP2 engine built empty and sharded, its checkpoint read once by the group's first
+    rank and broadcast shard by shard (`training.sharded_load`)."""
+    module = _for_training(sharded_load.empty_module(checkpoint.empty), checkpoint.model)
+    engine = TrainEngine(module, optim, total_steps, dp, options)
+    state = checkpoint.loaded().state_dict() if dp.rank == 0 else None
+    sharded_load.load_from_first_rank(engine.module, state, dp, engine.device)
+    return engine
 
 
 def _for_training(module: Any, model: ModelConfig) -> Any:
@@ -117,14 +158,18 @@ def build_agent_models(graph: TaskGraph, my_nodes: set[str], agent_group: int,
     if NodeRole.ACTOR in roles:
         trains = any(n.node_role == NodeRole.ACTOR and not n.only_forward_compute
                      for n in nodes)
-        module = _actor_module(policy_path, policy_weights, policy, trains, device.device)
         actor = config.actor_rollout_ref.actor
         if actor.strategy == "megatron":
             raise UnsupportedNodeError("actor strategy 'megatron' needs the megatron extra and "
                                        "a GPU; use fsdp or ddp on CPU")
-        models.actor = TrainEngine(module, actor.optim, total_steps,
-                                   _training_dp(nodes, NodeRole.ACTOR, dp_for),
-                                   _engine_options(actor.fsdp_config, actor.strategy))
+        dp = _training_dp(nodes, NodeRole.ACTOR, dp_for)
+        options = _engine_options(actor.fsdp_config, actor.strategy, device)
+        if _is_sharded(options, dp) and (policy.lora_rank == 0 or not trains):
+            models.actor = _sharded_engine(_Checkpoint(weights, policy), actor.optim,
+                                           total_steps, dp, options)
+        else:
+            module = _actor_module(policy_path, policy_weights, policy, trains, device.device)
+            models.actor = TrainEngine(module, actor.optim, total_steps, dp, options)
     if NodeRole.ROLLOUT in roles:
         models.rollout = build_rollout(weights, config, tokenizer, models.actor, device)
         if models.actor is None:  # a rollout-only rank: weight sync fills in the policy
@@ -139,11 +184,15 @@ def build_agent_models(graph: TaskGraph, my_nodes: set[str], agent_group: int,
         # critic.model's dtype, trust_remote_code and gradient_checkpointing, also when it
         # starts from the policy's checkpoint
         critic = config.critic
-        value_model = _for_training(_load_value_model(critic_path, critic.model, device.device),
-                                    critic.model)
-        models.critic = TrainEngine(value_model, critic.optim, total_steps,
-                                    _training_dp(nodes, NodeRole.CRITIC, dp_for),
-                                    _engine_options(critic.fsdp_config, "ddp"))
+        dp = _training_dp(nodes, NodeRole.CRITIC, dp_for)
+        options = _engine_options(critic.fsdp_config, critic.strategy, device)
+        if _is_sharded(options, dp):
+            models.critic = _sharded_engine(_Checkpoint(critic_path, critic.model, True),
+                                            critic.optim, total_steps, dp, options)
+        else:
+            value_model = _for_training(
+                _load_value_model(critic_path, critic.model, device.device), critic.model)
+            models.critic = TrainEngine(value_model, critic.optim, total_steps, dp, options)
     for node in sorted(nodes, key=lambda n: n.node_id):
         if node.node_type == NodeType.MODEL_INFERENCE and node.node_role == NodeRole.REWARD:
             build_scorer(node, config, policy_path, models, device.device)

@@ -5,9 +5,10 @@ accumulation over micro-batches, clipping, mixed precision, offloading to host m
 the model's full state for checkpoints and weight sync. It does not know about PPO:
 `dagrl_worker.training.ppo` drives it.
 
-The module arrives on the rank's device (`dagrl_worker.device`); its process group is gloo
-on CPU, NCCL on GPU. With one rank the module is not wrapped. Mixed precision
-(`EngineOptions.precision`): FSDP2's `MixedPrecisionPolicy` when sharded (bf16 all-gathers
+The module arrives on the rank's device (`dagrl_worker.device`), or, to be sharded, on the
+meta device (`training.sharded_load`: it gets storage for its own shards only); its process
+group is gloo on CPU, NCCL with gloo for host tensors on GPU. With one rank the module is
+not wrapped. Mixed precision (`EngineOptions.precision`): FSDP2's `MixedPrecisionPolicy` when sharded (bf16 all-gathers
 and compute, gradients reduced in `reduce_dtype`), autocast otherwise (DDP reduces the fp32
 gradients); the parameters and the optimizer's state stay fp32 either way. With LoRA
 (`training.lora`) the module is a peft model whose base weights are frozen: the optimizer
@@ -40,7 +41,7 @@ from torch.nn.parallel import DistributedDataParallel
 from dagrl.config import OptimConfig
 from dagrl.errors import ConfigError
 from dagrl_worker.device import Precision
-from dagrl_worker.training import lora
+from dagrl_worker.training import lora, sharded_load
 from dagrl_worker.training.flops import FlopCounter, peak_flops
 from dagrl_worker.training.optim import build_optimizer, build_scheduler
 from dagrl_worker.training.parallel import DataParallel
@@ -59,6 +60,8 @@ class EngineOptions:
     precision: Precision = field(default_factory=Precision)
     param_offload: bool = False
     optimizer_offload: bool = False
+    device: torch.device | None = None  # None: where the module's parameters are (set it
+    # for a module built on the meta device: `training.sharded_load`)
 
 
 class TrainEngine:
@@ -68,7 +71,7 @@ class TrainEngine:
         self.inner = module
         self.flop_counter = FlopCounter(module, trains_weights=not lora.is_lora(module))
         first = next(module.parameters())
-        self.device = first.device
+        self.device = options.device or first.device
         self.precision = options.precision
         compute_dtype = options.precision.param_dtype if options.precision.is_mixed \
             else first.dtype
@@ -78,6 +81,8 @@ class TrainEngine:
         self.options = options
         self.grad_clip = optim.grad_clip
         self.module = self._wrap(module)
+        if self.is_sharded and sharded_load.is_empty(module):  # this rank's shards only
+            sharded_load.materialize(module, self.device)
         self.optimizer = build_optimizer([p for p in self.module.parameters()
                                           if p.requires_grad], optim)
         self.scheduler = build_scheduler(self.optimizer, total_steps, optim)
