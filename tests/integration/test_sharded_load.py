@@ -20,7 +20,6 @@ def _rank(rank: int, port: int, checkpoint: str, results: dict) -> None:
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
     from dagrl.config import load_job_config
-    from dagrl.models import load_model_and_tokenizer
     from dagrl.workflow import load_workflow
     from dagrl_worker.builder import build_agent_models
     from dagrl_worker.training.parallel import DataParallel

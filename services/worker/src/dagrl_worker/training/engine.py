@@ -7,12 +7,13 @@ the model's full state for checkpoints and weight sync. It does not know about P
 
 The module arrives on the rank's device (`dagrl_worker.device`), or, to be sharded, on the
 meta device (`training.sharded_load`: it gets storage for its own shards only); its process
-group is gloo on CPU, NCCL with gloo for host tensors on GPU. With one rank the module is
-not wrapped. Mixed precision (`EngineOptions.precision`): FSDP2's `MixedPrecisionPolicy` when sharded (bf16 all-gathers
-and compute, gradients reduced in `reduce_dtype`), autocast otherwise (DDP reduces the fp32
-gradients); the parameters and the optimizer's state stay fp32 either way. With LoRA
-(`training.lora`) the module is a peft model whose base weights are frozen: the optimizer
-holds the adapters only, and `full_tensors` yields the merged base-model weights.
+group is gloo on CPU, NCCL with gloo for host tensors on GPU. Without a group the module is
+not wrapped. Mixed precision (`EngineOptions.precision`): FSDP2's `MixedPrecisionPolicy`
+when sharded (bf16 all-gathers and compute, gradients reduced in `reduce_dtype`), autocast
+otherwise (DDP reduces the fp32 gradients); the parameters and the optimizer's state stay
+fp32 either way. With LoRA (`training.lora`) the module is a peft model whose base weights
+are frozen: the optimizer holds the adapters only, and `full_tensors` yields the merged
+base-model weights.
 """
 
 from __future__ import annotations
