@@ -53,6 +53,12 @@ class ModelConfig:
     path: str = option("", "HF checkpoint folder (config.json, weights, tokenizer)")
     dtype: Literal["float32", "bfloat16", "float16"] = option("float32", "parameter dtype")
     gradient_checkpointing: bool = option(False, "recompute activations in backward")
+    gradient_checkpointing_every: int = option(
+        1, "with gradient_checkpointing: recompute every N-th decoder layer only (1: every "
+        "layer; 2: half of them, selective checkpointing: more memory, a shorter backward)")
+    compile_layers: bool = option(
+        False, "torch.compile each decoder layer (fuses norms, activations, rotary "
+        "embeddings; the first step pays the compile; inductor needs a C compiler on CPU)")
     trust_remote_code: bool = option(False, "allow model code from the checkpoint folder")
     use_remove_padding: bool = option(
         False, "padding-free forwards: each micro-batch's rows concatenated with restarting "
@@ -74,6 +80,9 @@ class ModelConfig:
             problems.append(f"lora_rank must be >= 0 (0: no LoRA), got {self.lora_rank}")
         if self.lora_rank > 0 and self.lora_alpha <= 0:
             problems.append(f"lora_alpha must be > 0, got {self.lora_alpha}")
+        if self.gradient_checkpointing_every < 1:
+            problems.append("gradient_checkpointing_every must be >= 1 (1: every layer), got "
+                            f"{self.gradient_checkpointing_every}")
         if isinstance(self.target_modules, tuple) and not self.target_modules:
             problems.append("target_modules must name at least one layer (or 'all-linear')")
         return problems

@@ -35,7 +35,13 @@ from dagrl_worker.executors.base import AgentModels, UnsupportedNodeError
 from dagrl_worker.rewards.scorers import Judge, load_reward_model
 from dagrl_worker.rollout import HFRollout, RolloutBackend
 from dagrl_worker.training import lora, sharded_load
-from dagrl_worker.training.engine import HOST, EngineOptions, Strategy, TrainEngine
+from dagrl_worker.training.engine import (
+    HOST,
+    EngineOptions,
+    Strategy,
+    TrainEngine,
+    decoder_layers,
+)
 from dagrl_worker.training.parallel import DataParallel
 from dagrl_worker.weight_layout import TensorSpec, specs_of
 
@@ -105,12 +111,22 @@ def _sharded_engine(checkpoint: _Checkpoint, optim: OptimConfig, total_steps: in
 
 
 def _for_training(module: Any, model: ModelConfig) -> Any:
-    """`module` in train mode; with `model.gradient_checkpointing` each decoder layer's
-    activations are recomputed in backward instead of kept (less memory, one more forward).
-    Non-reentrant checkpointing: it works under DDP and FSDP2 and with inputs that need no
-    grad."""
+    """`module` in train mode, with `model`'s speed-for-memory switches:
+    - `gradient_checkpointing`: the activations of every `gradient_checkpointing_every`-th
+      decoder layer are recomputed in backward instead of kept (less memory, one more forward
+      of those layers). Non-reentrant checkpointing: it works under DDP and FSDP2 and with
+      inputs that need no grad. Checkpointing only some layers (torchtitan's selective
+      checkpointing by layer) keeps the others' activations and skips their recompute.
+    - `compile_layers`: each decoder layer compiled by torch.compile, before any wrapping (as
+      torchtitan does per block: FSDP2 then shards the compiled layers)."""
+    layers = decoder_layers(module)
     if model.gradient_checkpointing:
         module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        for index, layer in enumerate(layers):
+            layer.gradient_checkpointing = index % model.gradient_checkpointing_every == 0
+    if model.compile_layers:
+        for layer in layers:
+            layer.compile()
     module.train()
     return module
 

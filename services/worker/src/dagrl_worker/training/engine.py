@@ -114,7 +114,7 @@ class TrainEngine:
         # param_offload under FSDP2 is its own policy: the shards live in host memory and
         # each all-gather brings them over (the optimizer steps there too), as verl does
         offload = CPUOffloadPolicy() if self.options.param_offload else OffloadPolicy()
-        for layer in _decoder_layers(module):
+        for layer in decoder_layers(module):
             fully_shard(layer, mesh=mesh, mp_policy=policy, offload_policy=offload)
         fully_shard(module, mesh=mesh, mp_policy=policy, offload_policy=offload)
         return module
@@ -260,7 +260,7 @@ def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device
         torch.cuda.synchronize(device)
 
 
-def _decoder_layers(module: torch.nn.Module) -> list[torch.nn.Module]:
+def decoder_layers(module: torch.nn.Module) -> list[torch.nn.Module]:
     """The transformer blocks of an HF causal LM (`model.layers`), sharded one by one."""
     backbone = getattr(lora.base_model(module), "model", None)
     layers = getattr(backbone, "layers", None)

@@ -1,0 +1,57 @@
+"""The update's speed-for-memory switches change nothing but speed and memory: selective
+gradient checkpointing (`gradient_checkpointing_every`) gives the gradients of the plain
+model, and so do compiled decoder layers (`compile_layers`)."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+import torch
+
+from dagrl.config import ModelConfig
+from dagrl.models import load_model_and_tokenizer
+from dagrl_worker.builder import _for_training
+from dagrl_worker.training.engine import decoder_layers
+from dagrl_worker.training.forward import response_log_probs
+
+from .test_gpu_training import model_and_rows
+
+
+def gradients(checkpoint: Path, model: ModelConfig) -> tuple[list[torch.Tensor], list[bool]]:
+    """The gradients of the sampled tokens' summed log-probs, and which decoder layers
+    checkpoint (True) or, with `compile_layers`, run compiled."""
+    _, rows = model_and_rows(checkpoint)
+    module, _ = load_model_and_tokenizer(checkpoint)
+    module = _for_training(module, model)
+    log_probs, _ = response_log_probs(module, rows, 1.0)
+    mask = rows.tensors["response_mask"]
+    (log_probs * mask).sum().backward()
+    flags = [bool(layer._compiled_call_impl is not None if model.compile_layers
+                  else layer.gradient_checkpointing) for layer in decoder_layers(module)]
+    return [p.grad.clone() for p in module.parameters()], flags
+
+
+def test_checkpointing_every_other_layer_keeps_the_gradients(tiny_checkpoint: Path) -> None:
+    plain, flags = gradients(tiny_checkpoint, ModelConfig())
+    assert flags == [False, False]
+    full, flags = gradients(tiny_checkpoint, ModelConfig(gradient_checkpointing=True))
+    assert flags == [True, True]
+    half, flags = gradients(tiny_checkpoint, ModelConfig(gradient_checkpointing=True,
+                                                         gradient_checkpointing_every=2))
+    assert flags == [True, False]
+    for grads in (full, half):
+        assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(plain, grads, strict=True))
+
+
+def test_compiled_layers_keep_the_gradients(tiny_checkpoint: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dynamo's capture of each layer and its autograd, checkpointed; the backend that runs no
+    compiler (inductor's code generation is torch's to test, and runs g++)."""
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    plain, _ = gradients(tiny_checkpoint, ModelConfig())
+    compiled, flags = gradients(tiny_checkpoint, ModelConfig(compile_layers=True,
+                                                             gradient_checkpointing=True))
+    assert flags == [True, True]
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(plain, compiled, strict=True))
