@@ -38,17 +38,18 @@ lint: install
 	$(VENV)/bin/mypy
 
 ## gpu-check: the training path on this machine's GPU, without Ray or Redis (scripts/gpu_check.py);
-## on a machine without CUDA the same checks in CPU mode with small shapes (make test runs them).
-## Plain python3 runs it where no venv exists (the borrowed GPU machine).
+## fails on a machine without CUDA. The same checks in CPU mode with small shapes (make test runs
+## them): `$(PY) scripts/gpu_check.py --mode cpu`. Plain python3 runs it where no venv exists (the
+## borrowed GPU machine).
 gpu-check:
-	@if [ -x $(PY) ]; then $(PY) scripts/gpu_check.py; else python3 scripts/gpu_check.py; fi
+	@if [ -x $(PY) ]; then $(PY) scripts/gpu_check.py --mode cuda; \
+	else python3 scripts/gpu_check.py --mode cuda; fi
 
-## gpu-wheels: the pure-Python wheels gpu-check needs on a GPU machine that has torch and grpcio
-## but no network (OpenTelemetry), for Python 3.12, into .whl/ (carried along; see bench/README)
+## gpu-wheels: the wheels gpu-check needs on the GPU machine beyond its own packages (OpenTelemetry,
+## google-re2, protobuf and what they require), for CPython 3.12 manylinux, into .whl/ (carried
+## along; fails above 64 MiB; scripts/gpu_wheels.py, bench/README)
 gpu-wheels: install
-	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-	  --implementation cp --platform manylinux_2_17_x86_64 -d .whl \
-	  $$($(PY) scripts/gpu_check.py --wheels)
+	$(PY) scripts/gpu_wheels.py .whl
 
 ## protos: regenerate gRPC stubs into libs/dagrl/rpc from proto/
 protos: install

@@ -1,16 +1,20 @@
 """`make gpu-check`: dagrl's training path on one GPU, without Ray, Redis or the services.
 
-Built for the GPU machine we can borrow (one H200; Python 3.12 with torch, transformers,
-grpcio and protobuf, but no Ray, no vLLM, no Redis and no network): plain `python3` runs it
-from a checkout, taking dagrl's packages from the checkout itself (`sys.path`). The packages
-it needs beyond that machine's (`CARRIED`: OpenTelemetry's pure-Python wheels, google-re2,
-this venv's protobuf) `make gpu-wheels` downloads into `.whl/` for Python 3.12 (carried
-along, installed there with pip --target).
+Built for the GPU machine we can borrow (one H100/H200; Python 3.12 with torch, transformers,
+grpcio and protobuf, but no Ray, no vLLM, no Redis, no openai and no network): plain `python3`
+runs it from a checkout, taking dagrl's packages from the checkout itself (`sys.path`). The
+packages it needs beyond that machine's (OpenTelemetry, google-re2, this venv's protobuf and
+what they require: scripts/gpu_wheels.py) `make gpu-wheels` downloads into `.whl/` for
+Python 3.12 (carried along, installed there with pip --target). What it imports is tested
+against that machine's package list (tests/integration/test_gpu_check_imports.py).
 
 It drives a DAGWorker directly, as the driver would, on the device `trainer.device` picks:
-CUDA where a GPU is visible (`--mode cuda`), else CPU with small shapes (`--mode cpu`), the
-mode `make test` runs so that this script cannot rot. Four checks, each ending in RESULT
-lines, each failing the script (exit 1) when its figure is off:
+CUDA (`--mode cuda`, what `make gpu-check` passes: it fails without a CUDA device), or CPU
+with small shapes (`--mode cpu`, the mode `make test` runs so that this script cannot rot).
+It first prints one preflight line (torch, CUDA, the GPU and its free memory), then runs four
+checks, each ending in RESULT lines. Every check runs whatever the ones before it did; a
+figure off target, or a check that raised (its traceback printed), is a miss, and the script
+ends naming each miss (exit 1):
 1. demo: the demo's GRPO job (tiny model, 1 rank, assets built here) raises validation
    accuracy;
 2. log-probs: one batch's log-probs on the device in fp32 equal the CPU's within 1e-4, and
@@ -22,34 +26,32 @@ lines, each failing the script (exit 1) when its figure is off:
    rollout -> offload -> update (weights back on the device first) -> offload and reload, the
    memory after each phase, and the parameters bit-equal over an offload round trip.
 
-    python3 scripts/gpu_check.py [--mode cuda|cpu] [--assets DIR]
-    python3 scripts/gpu_check.py --wheels     # the pinned wheels it needs carried (CARRIED)
+    python3 scripts/gpu_check.py [--mode cuda|cpu] [--assets DIR] [--checks update,colocated]
+                                 [--min-mfu 0.40]
+    python3 scripts/gpu_check.py --wheels     # the pinned wheels it needs carried
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
+import platform
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-# What the GPU machine lacks of the packages this script imports: pure-Python wheels, and
-# protobuf (the generated plan messages) and google-re2 (config regexes), pinned to this
-# venv's versions by `--wheels`
-CARRIED = ("protobuf", "google-re2", "googleapis-common-protos", "opentelemetry-api",
-           "opentelemetry-sdk",
-           "opentelemetry-semantic-conventions", "opentelemetry-proto",
-           "opentelemetry-exporter-otlp-proto-grpc", "opentelemetry-exporter-otlp-proto-common",
-           "opentelemetry-exporter-otlp-common", "opentelemetry-instrumentation",
-           "opentelemetry-instrumentation-grpc")
-if sys.argv[1:] == ["--wheels"]:  # `make gpu-wheels`: the pins, before any heavy import
-    from importlib.metadata import version
+if sys.argv[1:] == ["--wheels"]:  # the pins (scripts/gpu_wheels.py), before any heavy import
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from gpu_wheels import pins
 
-    print(" ".join(f"{name}=={version(name)}" for name in CARRIED))
+    print(" ".join(pins()))
     raise SystemExit(0)
 _SOURCES = [str(ROOT / p) for p in ("libs", "services/databuffer/src", "services/worker/src")]
 sys.path[:0] = _SOURCES
@@ -91,6 +93,7 @@ FP32_LOG_PROB_TOLERANCE = 1e-4
 # ~0.03 from fp32 on CPU; a kernel bug moves them by whole nats
 BF16_LOG_PROB_TOLERANCE = 0.1
 GPU_MFU_TARGET = 0.40
+CHECKS = ("demo", "log-probs", "update", "colocated")
 
 
 @dataclass(frozen=True)
@@ -120,14 +123,56 @@ def result(name: str, value: float) -> None:
     print(f"RESULT {name} {value:.6g}", flush=True)
 
 
-def require(ok: bool, message: str) -> None:
-    if not ok:
-        print(f"gpu-check: FAILED: {message}", file=sys.stderr, flush=True)
-        raise SystemExit(1)
+def missed(ok: bool, message: str) -> list[str]:
+    """A check's miss: `message` where `ok` is false."""
+    return [] if ok else [message]
+
+
+@dataclass
+class CheckRunner:
+    """Runs every check to its end, whatever the ones before it did. A check returns its
+    misses; one that raises is a miss too (its traceback printed). `tidy` runs after each."""
+
+    tidy: Callable[[], None] = lambda: None
+    misses: list[str] = field(default_factory=list)
+
+    def run(self, name: str, check: Callable[..., list[str]], *args: Any) -> bool:
+        """Whether `check(*args)` ran without a miss."""
+        print(f"gpu-check: {name}", flush=True)
+        try:
+            found = check(*args)
+        except Exception as exc:  # reported below; the next checks still run
+            traceback.print_exc()
+            found = [f"raised {type(exc).__name__}: {exc}"]
+        finally:
+            self.tidy()
+        for message in found:
+            self.miss(name, message)
+        return not found
+
+    def miss(self, name: str, message: str) -> None:
+        print(f"gpu-check: MISSED: {name}: {message}", file=sys.stderr, flush=True)
+        self.misses.append(f"{name}: {message}")
+
+    def exit_status(self) -> int:
+        if not self.misses:
+            print("gpu-check: all checks passed", flush=True)
+            return 0
+        print(f"gpu-check: FAILED: {len(self.misses)} missed", file=sys.stderr, flush=True)
+        for message in self.misses:
+            print(f"  {message}", file=sys.stderr, flush=True)
+        return 1
+
+
+def free_device_memory(device: RankDevice) -> None:
+    """Collect what died in a reference cycle (the FSDP2 module and its hooks) before handing
+    the allocator's free blocks back: `release_cache` alone would keep their memory."""
+    gc.collect()
+    device.release_cache()
 
 
 # ------------------------------------------------------------------ 1. the demo job
-def demo_job(device: RankDevice, shapes: Shapes, assets: Path, workdir: Path) -> None:
+def demo_job(device: RankDevice, shapes: Shapes, assets: Path, workdir: Path) -> list[str]:
     config = yaml.safe_load((ROOT / "examples" / "grpo_arith.yaml").read_text())
     config["data"]["train_files"] = [str(assets / "data" / "train.parquet")]
     config["data"]["val_files"] = [str(assets / "data" / "val.parquet")]
@@ -153,13 +198,13 @@ def demo_job(device: RankDevice, shapes: Shapes, assets: Path, workdir: Path) ->
     result("demo_val_accuracy_before", before)
     result("demo_val_accuracy_after", after)
     result("demo_seconds", seconds)
-    require(after - before >= shapes.min_accuracy_gain,
-            f"the demo job moved validation accuracy {before:.3f} -> {after:.3f}, less than "
-            f"{shapes.min_accuracy_gain:.2f}")
+    return missed(after - before >= shapes.min_accuracy_gain,
+                  f"the demo job moved validation accuracy {before:.3f} -> {after:.3f}, less "
+                  f"than {shapes.min_accuracy_gain:.2f}")
 
 
 # ------------------------------------------------------------------ 2. log-prob parity
-def log_prob_parity(device: RankDevice, assets: Path) -> None:
+def log_prob_parity(device: RankDevice, assets: Path) -> list[str]:
     torch.manual_seed(0)
     model, tokenizer = load_model_and_tokenizer(assets / "model")
     model.eval()
@@ -184,8 +229,10 @@ def log_prob_parity(device: RankDevice, assets: Path) -> None:
           f"({int(mask.sum())} tokens)", flush=True)
     result("logprob_fp32_max_abs_diff", fp32_gap)
     result("logprob_bf16_max_abs_diff", bf16_gap)
-    require(fp32_gap <= FP32_LOG_PROB_TOLERANCE, f"fp32 log-probs differ by {fp32_gap:.2e}")
-    require(bf16_gap <= BF16_LOG_PROB_TOLERANCE, f"bf16 log-probs differ by {bf16_gap:.2e}")
+    return [*missed(fp32_gap <= FP32_LOG_PROB_TOLERANCE,
+                    f"fp32 log-probs differ by {fp32_gap:.2e}"),
+            *missed(bf16_gap <= BF16_LOG_PROB_TOLERANCE,
+                    f"bf16 log-probs differ by {bf16_gap:.2e}")]
 
 
 # ------------------------------------------------------------------ 3. + 4. the big update
@@ -245,7 +292,8 @@ def timed_update(engine: TrainEngine, shapes: Shapes, device: RankDevice) -> Met
     return sink
 
 
-def update_speed(engine: TrainEngine, device: RankDevice, shapes: Shapes) -> None:
+def update_speed(device: RankDevice, shapes: Shapes, min_mfu: float | None) -> list[str]:
+    engine = update_engine(device, shapes, colocated=False)
     timed_update(engine, shapes, device)  # warm-up: allocator, kernels, optimizer state
     device.memory_gb()  # resets the peaks
     started = time.perf_counter()
@@ -260,10 +308,9 @@ def update_speed(engine: TrainEngine, device: RankDevice, shapes: Shapes) -> Non
     result("update_tokens_per_s", tokens / seconds)
     result("update_mfu", mfu)
     result("update_peak_memory_gb", peak)
-    require(all(p.dtype == torch.float32 for p in engine.inner.parameters()),
-            "mixed precision left parameters that are not fp32 master weights")
-    if device.is_cuda:
-        require(mfu >= GPU_MFU_TARGET, f"MFU {mfu:.3f} < {GPU_MFU_TARGET}")
+    return [*missed(all(p.dtype == torch.float32 for p in engine.inner.parameters()),
+                    "mixed precision left parameters that are not fp32 master weights"),
+            *missed(min_mfu is None or mfu >= min_mfu, f"MFU {mfu:.3f} < {min_mfu}")]
 
 
 def host_parameters(engine: TrainEngine) -> dict[str, torch.Tensor]:
@@ -272,15 +319,17 @@ def host_parameters(engine: TrainEngine) -> dict[str, torch.Tensor]:
             for name, p in engine.inner.named_parameters()}
 
 
-def colocated_sequence(engine: TrainEngine, device: RankDevice, shapes: Shapes) -> None:
+def colocated_sequence(device: RankDevice, shapes: Shapes) -> list[str]:
     """rollout (hf, the actor's own module) -> offload -> update -> reload: memory after each
     phase; an offload round trip leaves every parameter bit-equal."""
+    engine = update_engine(device, shapes, colocated=True)
     tokenizer = build_char_tokenizer()
     rows = {"prompt_ids": [[5 + i, 6 + i, 7 + i] for i in range(16)], "index": list(range(16))}
     prompts = prompts_to_batch(rows, tokenizer.pad_token_id, "co")
     memory: dict[str, float] = {}
 
     def mark(phase: str) -> None:
+        gc.collect()  # what a phase left in reference cycles is not its memory
         allocated = torch.cuda.memory_allocated(device.device) / 2**30 if device.is_cuda else 0
         memory[phase] = allocated
         result(f"colocated_{phase}_allocated_gb", allocated)
@@ -292,7 +341,7 @@ def colocated_sequence(engine: TrainEngine, device: RankDevice, shapes: Shapes) 
     mark("rollout")
     before = host_parameters(engine)
     engine.offload()
-    device.release_cache()
+    free_device_memory(device)
     mark("offloaded")
     timed_update(engine, shapes, device)  # brings the weights back first (`compute`)
     mark("update")
@@ -305,39 +354,84 @@ def colocated_sequence(engine: TrainEngine, device: RankDevice, shapes: Shapes) 
     engine.ensure_on_device()
     after = host_parameters(engine)
     equal = all(torch.equal(changed[name], after[name]) for name in changed)
-    require(moved, "the update after the reload did not change the parameters")
     result("offload_reload_bit_equal", float(equal))
-    require(equal, "parameters changed over an offload round trip")
-    if device.is_cuda:
-        require(memory["offloaded"] < 0.5 * memory["rollout"],
-                f"offloading freed too little: {memory}")
+    return [*missed(moved, "the update after the reload did not change the parameters"),
+            *missed(equal, "parameters changed over an offload round trip"),
+            *missed(not device.is_cuda or memory["offloaded"] < 0.5 * memory["rollout"],
+                    f"offloading freed too little: {memory}")]
 
 
-def main() -> None:
+def preflight() -> str:
+    """Python, torch, the CUDA torch was built for, the GPU and its free memory."""
+    line = (f"gpu-check: python {platform.python_version()}, torch {torch.__version__}, "
+            f"CUDA {torch.version.cuda or 'none (a CPU-only torch)'}")
+    if not torch.cuda.is_available():
+        return f"{line}, no CUDA device"
+    free, total = torch.cuda.mem_get_info()
+    return (f"{line}, {torch.cuda.get_device_name()} x{torch.cuda.device_count()}, "
+            f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free")
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--mode", choices=("cuda", "cpu"), default=None,
-                        help="default: cuda where a GPU is visible, else cpu (small shapes)")
+                        help="cuda (fails without a CUDA device; `make gpu-check`) or cpu "
+                             "(small shapes); default: cuda where a GPU is visible, else cpu")
     parser.add_argument("--assets", type=Path, default=None,
                         help="the demo assets (built when missing; default: a temp folder)")
+    parser.add_argument("--checks", default=",".join(CHECKS),
+                        help=f"which checks to run, comma-separated (default: all: "
+                             f"{','.join(CHECKS)})")
+    parser.add_argument("--min-mfu", type=float, default=None,
+                        help=f"the update's MFU target (default: {GPU_MFU_TARGET} on CUDA, "
+                             "none on CPU)")
     args = parser.parse_args()
+    args.checks = [name.strip() for name in args.checks.split(",") if name.strip()]
+    unknown = sorted(set(args.checks) - set(CHECKS))
+    if unknown:
+        parser.error(f"--checks names {unknown}; the checks are {', '.join(CHECKS)}")
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    print(preflight(), flush=True)
+    if args.mode == "cuda" and not torch.cuda.is_available():
+        print("gpu-check: FAILED: --mode cuda, but torch sees no CUDA device (see the line "
+              "above); run it on the GPU machine, or pass --mode cpu for the small CPU run",
+              file=sys.stderr, flush=True)
+        return 2
     device = rank_device(args.mode or "auto")
     shapes = GPU_SHAPES if device.is_cuda else CPU_SHAPES
+    default_mfu = GPU_MFU_TARGET if device.is_cuda else None  # a CPU has no MFU to reach
+    min_mfu = args.min_mfu if args.min_mfu is not None else default_mfu
     name = torch.cuda.get_device_name(device.device) if device.is_cuda else "CPU (small shapes)"
-    print(f"gpu-check on {name}", flush=True)
+    print(f"gpu-check on {name}: {', '.join(args.checks)}", flush=True)
     result("gpu_check_cuda", float(device.is_cuda))
+    runner = CheckRunner(tidy=lambda: free_device_memory(device))
     with tempfile.TemporaryDirectory(prefix="dagrl-gpu-check-") as folder:
         workdir = Path(folder)
         assets = args.assets or workdir / "assets"
-        prepare_assets(assets, DemoRecipe.for_tests())
-        demo_job(device, shapes, assets, workdir)
-        log_prob_parity(device, assets)
-        engine = update_engine(device, shapes, colocated=False)
-        update_speed(engine, device, shapes)
-        del engine
-        device.release_cache()
-        colocated_sequence(update_engine(device, shapes, colocated=True), device, shapes)
-    print("gpu-check: all checks passed", flush=True)
+        on_assets = [check for check in ("demo", "log-probs") if check in args.checks]
+        if on_assets and not runner.run("assets", build_assets, assets):
+            for check in on_assets:
+                runner.miss(check, "not run: the demo assets did not build")
+            on_assets = []
+        if "demo" in on_assets:
+            runner.run("demo", demo_job, device, shapes, assets, workdir)
+        if "log-probs" in on_assets:
+            runner.run("log-probs", log_prob_parity, device, assets)
+        if "update" in args.checks:
+            runner.run("update", update_speed, device, shapes, min_mfu)
+        if "colocated" in args.checks:
+            runner.run("colocated", colocated_sequence, device, shapes)
+    return runner.exit_status()
+
+
+def build_assets(assets: Path) -> list[str]:
+    prepare_assets(assets, DemoRecipe.for_tests())
+    return []
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -12,6 +12,10 @@ tokens only, their `rollout_log_probs`, `rollout_version` (the oldest policy ver
 its calls), `num_turns` (its calls) and, when the program returned a reward,
 `token_level_scores` (that reward on the last sampled token). The first sequence keeps the
 sample's uid; the k-th more gets `<uid>#k`, all in the sample's group.
+
+`openai` is imported where an episode runs (`run_episodes`), not with this module: the
+executor table imports it on every rank, and a machine without openai (the borrowed GPU
+machine of scripts/gpu_check.py) trains every workflow but the agent one.
 """
 
 from __future__ import annotations
@@ -21,9 +25,8 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import openai
 import torch
 
 from dagrl.batch import UID, Batch
@@ -35,7 +38,10 @@ from dagrl_worker.prompts import prompts_to_batch
 from dagrl_worker.rollout.multiturn import Episode
 from dagrl_worker.rollout.multiturn import episodes_to_batch as turns_to_batch
 
-AgentFn = Callable[[openai.AsyncOpenAI, dict[str, Any]], Awaitable[Any]]
+if TYPE_CHECKING:
+    import openai
+
+AgentFn = Callable[["openai.AsyncOpenAI", dict[str, Any]], Awaitable[Any]]
 
 
 @dataclass
@@ -54,6 +60,8 @@ class EpisodeOutcome:
 async def run_episodes(agent: AgentFn, samples: list[dict[str, Any]], gateway: Gateway,
                        timeout_s: float, max_concurrent: int) -> list[EpisodeOutcome]:
     """Every sample's episode, concurrently (at most `max_concurrent`); in samples' order."""
+    import openai
+
     gate = asyncio.Semaphore(max_concurrent)
     # one connection pool for every episode's client: a pool of its own per client costs
     # ~30 ms each (it loads the TLS trust store, even for plain HTTP on loopback). aiohttp's
@@ -74,6 +82,8 @@ async def run_episodes(agent: AgentFn, samples: list[dict[str, Any]], gateway: G
 async def run_episode(agent: AgentFn, sample: dict[str, Any], gateway: Gateway,
                       timeout_s: float, http: Any) -> EpisodeOutcome:
     """One episode, its client on the shared connection pool `http` (left open)."""
+    import openai
+
     session = gateway.sessions.open(name=str(sample[UID]) if UID in sample else None)
     outcome = EpisodeOutcome(session)
     client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key=session.key,
