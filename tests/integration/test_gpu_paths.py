@@ -23,6 +23,7 @@ from dagrl.models import (
     load_model_and_tokenizer,
 )
 from dagrl_worker import weight_sync
+from dagrl_worker.device import RankDevice
 from dagrl_worker.prompts import prompts_to_batch
 from dagrl_worker.rollout import SamplingParams
 from dagrl_worker.training.forward import response_log_probs
@@ -81,7 +82,8 @@ def test_cuda_graphs_sleep_and_reload(checkpoint: Path) -> None:
     state = model.state_dict()
     tensors = iter(state.items())
     for specs in plan_buckets(specs_of(state.items())):
-        engine.update_weights([next(tensors) for _ in specs])  # wakes the engine first
+        # wakes the weights only; the KV cache wakes at the next generate
+        engine.update_weights([next(tensors) for _ in specs])
     fresh = engine.generate(_prompts(), greedy)
     with torch.no_grad():
         actor, _ = response_log_probs(model, fresh.to("cuda"), temperature=1.0)
@@ -91,7 +93,8 @@ def test_cuda_graphs_sleep_and_reload(checkpoint: Path) -> None:
 
 def _nccl_broadcast(rank: int, port: int, results: dict) -> None:
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    device = RankDevice(torch.device("cuda", rank))
+    dist.init_process_group(device.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=2)
     state = {"model.layers.0.q.weight": torch.full((64, 64), float(rank + 1), device="cuda"),
              "lm_head.weight": torch.full((100, 64), float(rank + 1), device="cuda")}
@@ -100,9 +103,8 @@ def _nccl_broadcast(rank: int, port: int, results: dict) -> None:
     received = {}
     tensors = iter(state.items())
     for bucket, specs in zip(weight_sync.group_into_buckets(tensors, plan), plan, strict=True):
-        device = weight_sync._group_device(group)
         out = weight_sync.broadcast_bucket(bucket if rank == 0 else None, specs, 0, group,
-                                           device)
+                                           device.device)  # the rank's device: NCCL carries it
         received.update({name: (t.device.type, float(t.float().mean())) for name, t in out})
     results[rank] = received
     dist.destroy_process_group()

@@ -1,6 +1,6 @@
 """Host collectives over a GPU rank's groups, on CPU under imitated NCCL (`nccl_imitation`).
 
-Two forked ranks that believe they run on CUDA (`RankDevice(cuda:0)`: its backend string is
+Two spawned ranks that believe they run on CUDA (`RankDevice(cuda:0)`: its backend string is
 what a GPU rank's groups are created with) join their groups through `RankGroups.setup`,
 then do what every multi-rank mini-batch and every sharded forward-only pass does: agree on
 host numbers (`DataParallel.sum`, `max_int`), one PPO update of a tiny model sharded with
@@ -97,13 +97,13 @@ def _rank(rank: int, port: int, results: dict) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.integration  # a gloo world of 2 forked processes
+@pytest.mark.integration  # a gloo world of 2 spawned processes
 def test_a_gpu_ranks_host_collectives_pass_imitated_nccl() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     results = mp.Manager().dict()
-    mp.start_processes(_rank, args=(port, results), nprocs=2, start_method="fork")
+    mp.start_processes(_rank, args=(port, results), nprocs=2, start_method="spawn")
     for rank in (0, 1):
         assert "error" not in results[rank], results[rank]["error"]
         assert results[rank]["sum"] == [3.0, 4.0]
@@ -125,7 +125,7 @@ def _plain_nccl(rank: int, port: int, results: dict) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.integration  # a gloo world of 2 forked processes
+@pytest.mark.integration  # a gloo world of 2 spawned processes
 def test_the_imitation_refuses_host_tensors_over_plain_nccl() -> None:
     assert backend_devices("cpu:gloo,cuda:nccl") == {"cpu", "cuda"}
     assert backend_devices("nccl") == {"cuda"}
@@ -133,5 +133,5 @@ def test_the_imitation_refuses_host_tensors_over_plain_nccl() -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     results = mp.Manager().dict()
-    mp.start_processes(_plain_nccl, args=(port, results), nprocs=2, start_method="fork")
+    mp.start_processes(_plain_nccl, args=(port, results), nprocs=2, start_method="spawn")
     assert all("No backend type associated with device type cpu" in results[r] for r in (0, 1))

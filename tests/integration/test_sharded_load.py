@@ -1,5 +1,5 @@
 """FSDP2 models load the way FSDP2's users load them (#32 defect 9): built on the meta device,
-sharded, and filled from the checkpoint that only the group's first rank reads. Two forked
+sharded, and filled from the checkpoint that only the group's first rank reads. Two spawned
 ranks build the PPO actor and critic through the builder; rank 1 never reads the checkpoint,
 and both end with every parameter equal to it, the rotary buffers intact and the log-probs of
 the plain model."""
@@ -64,14 +64,14 @@ def _rank(rank: int, port: int, checkpoint: str, results: dict) -> None:
     dist.destroy_process_group()
 
 
-@pytest.mark.integration  # a gloo group of 2 forked processes
+@pytest.mark.integration  # a gloo group of 2 spawned processes
 def test_only_the_first_rank_reads_a_sharded_models_checkpoint(tiny_checkpoint: Path) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     results = mp.Manager().dict()
     mp.start_processes(_rank, args=(port, str(tiny_checkpoint), results), nprocs=2,
-                       start_method="fork")
+                       start_method="spawn")
     assert sorted(results[0]["loads"]) == ["AutoModelForCausalLM",
                                            "AutoModelForTokenClassification"]
     assert results[1]["loads"] == []

@@ -1,4 +1,4 @@
-"""Weight-sync buckets broadcast over a real gloo group of 3 forked processes: every receiver
+"""Weight-sync buckets broadcast over a real gloo group of 3 spawned processes: every receiver
 gets every tensor of the sender, bit-equal, in several buckets. The bucket layout and the sync
 groups: services/worker/tests/test_weight_sync.py."""
 
@@ -37,13 +37,13 @@ def _run(rank: int, port: int, results: dict) -> None:
     dist.destroy_process_group()
 
 
-@pytest.mark.integration  # a gloo group of 3 forked processes
+@pytest.mark.integration  # a gloo group of 3 spawned processes
 def test_receivers_get_every_tensor_of_the_sender() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     results = mp.Manager().dict()
-    mp.start_processes(_run, args=(port, results), nprocs=3, start_method="fork")
+    mp.start_processes(_run, args=(port, results), nprocs=3, start_method="spawn")
     moved, sender, buckets = results[0]
     _, receiver, _ = results[1]
     assert buckets > 2

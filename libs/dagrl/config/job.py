@@ -272,8 +272,9 @@ class RolloutConfig(SamplingConfig, LogProbMicroBatches):
     enforce_eager: bool | None = option(
         None, "vllm: no CUDA graphs (faster start, slower decode); None: eager on CPU, CUDA "
         "graphs on GPU")
-    free_cache_engine: bool = option(True, "vllm on GPU: sleep (free KV cache and offload "
-                                     "weights) while the rank trains")
+    free_cache_engine: bool = option(True, "vllm on GPU: sleep while the rank trains (free "
+                                     "the KV cache; offload the weights, or drop them when "
+                                     "the step's weight sync reloads them)")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = option(
         "auto", "vllm: engine dtype (auto: bfloat16 on GPU, the model's dtype on CPU)")
     seed: int = option(0, "rollout sampling seed; each sample's seed derives from it, the "

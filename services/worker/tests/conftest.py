@@ -51,7 +51,7 @@ class ScriptedBackend:
     def update_weights(self, weights: NamedTensors) -> None:
         raise AssertionError("a scripted backend holds no weights to update")
 
-    def sleep(self) -> None:
+    def sleep(self, weights_follow: bool = False) -> None:
         """No engine to free."""
 
     def wake_up(self) -> None:

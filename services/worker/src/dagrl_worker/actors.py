@@ -1,14 +1,15 @@
 """The Ray face of a DAGWorker: a thin remote wrapper that delegates every call.
 
 All training logic lives in `DAGWorker` (plain Python, testable without Ray); this class
-only adds what needs Ray (the node's IP for the rendezvous) and builds the databuffer
-client inside the actor process.
+only adds what needs Ray (the node's IP for the rendezvous, the rank's device among the GPUs
+Ray shows it: `device_local_rank`) and builds the databuffer client inside the actor process.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+from typing import Any
 
 import ray
 
@@ -20,13 +21,28 @@ from dagrl_worker.metrics import Summary
 from dagrl_worker.spec import WorkerSpec
 
 
+def device_local_rank(local_rank: int, gpu_ids: list[Any], visible_devices: str | None) -> int:
+    """torch's LOCAL_RANK for this rank: its device among those the process sees
+    (`device.rank_device` selects it; vLLM's launcher reads it). Ray shows a GPU actor its own
+    GPU only (CUDA_VISIBLE_DEVICES holds its id): index 0, whatever the rank's place on its
+    machine (`local_rank`, the plan's). Without a GPU, `local_rank` (nothing to select)."""
+    if not gpu_ids:
+        return local_rank
+    own = str(gpu_ids[0])
+    listed = visible_devices.split(",") if visible_devices else []
+    if own in listed:
+        return listed.index(own)
+    return int(own) if own.isdigit() else 0  # every GPU visible: its own id
+
+
 @ray.remote
 class DAGWorkerActor:
     def __init__(self, spec: WorkerSpec, rank: int, local_rank: int = 0) -> None:
-        # torch's convention; Ray already sets the visible devices of a GPU actor
-        os.environ["LOCAL_RANK"] = str(local_rank)
+        gpu_ids = ray.get_gpu_ids()
+        os.environ["LOCAL_RANK"] = str(device_local_rank(
+            local_rank, gpu_ids, os.environ.get("CUDA_VISIBLE_DEVICES")))
         self.worker = DAGWorker(spec, rank, store=open_shard_store(
-            spec.redis_url, spec.machine_buffer_urls), has_gpu=bool(ray.get_gpu_ids()))
+            spec.redis_url, spec.machine_buffer_urls), has_gpu=bool(gpu_ids))
 
     def node_id(self) -> str:
         """The Ray node this rank runs on (tests check it against the plan's binding)."""

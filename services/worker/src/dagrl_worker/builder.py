@@ -44,6 +44,7 @@ from dagrl_worker.training.engine import (
 )
 from dagrl_worker.training.parallel import DataParallel
 from dagrl_worker.weight_layout import TensorSpec, specs_of
+from dagrl_worker.weight_sync import synced_each_step
 
 __all__ = ["build_agent_models", "build_rollout", "build_scorer", "policy_specs",
            "shared_tokenizer"]
@@ -187,7 +188,9 @@ def build_agent_models(graph: TaskGraph, my_nodes: set[str], agent_group: int,
             module = _actor_module(policy_path, policy_weights, policy, trains, device.device)
             models.actor = TrainEngine(module, actor.optim, total_steps, dp, options)
     if NodeRole.ROLLOUT in roles:
-        models.rollout = build_rollout(weights, config, tokenizer, models.actor, device)
+        is_async = config.trainer.max_staleness is not None
+        models.rollout = build_rollout(weights, config, tokenizer, models.actor, device,
+                                       synced_each_step(graph, agent_group, is_async))
         if models.actor is None:  # a rollout-only rank: weight sync fills in the policy
             models.policy_specs = policy_specs(weights, policy)
     if NodeRole.REFERENCE in roles and not (models.actor and models.actor.has_lora):
@@ -270,8 +273,11 @@ def _actor_module(policy_path: str, policy_weights: str | None, policy: ModelCon
 
 
 def build_rollout(weights: str, config: JobConfig, tokenizer: PreTrainedTokenizerBase,
-                  actor: TrainEngine | None, device: RankDevice = CPU) -> RolloutBackend:
-    """The rank's rollout backend, by `actor_rollout_ref.rollout.name`.
+                  actor: TrainEngine | None, device: RankDevice = CPU,
+                  synced: bool = False) -> RolloutBackend:
+    """The rank's rollout backend, by `actor_rollout_ref.rollout.name`. `synced`: every
+    training step's weight sync reloads all of its weights (`weight_sync.synced_each_step`:
+    a sleeping vLLM engine may then drop them).
 
     `hf` generates with the actor's own module when this rank holds all of it (DDP or one
     rank), else with a module of its own; `vllm` always runs an engine of its own. Weight
@@ -286,7 +292,8 @@ def build_rollout(weights: str, config: JobConfig, tokenizer: PreTrainedTokenize
 
         check_tensor_parallel(rollout, device.is_cuda)
         return VLLMRollout(weights, rollout, policy.dtype, int(tokenizer.pad_token_id),
-                           int(tokenizer.eos_token_id), is_cuda=device.is_cuda)
+                           int(tokenizer.eos_token_id), is_cuda=device.is_cuda,
+                           synced_each_step=synced)
     if actor is not None and not actor.is_sharded:
         return HFRollout(actor.inner, tokenizer, shares_actor_weights=True,
                          compute=actor.compute)

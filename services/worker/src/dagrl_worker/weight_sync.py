@@ -4,7 +4,9 @@ After every synchronous step `sync_models` moves each trained model to where it 
 without being trained, in buckets of whole decoder layers of at most `BUCKET_BYTES`:
 - colocated: a rank that trains the actor and rolls out with weights of its own (a vLLM
   engine, or an `hf` module beside a sharded actor) loads each bucket into its backend
-  (`RolloutBackend.update_weights`, the engine's own in-place reload);
+  (`RolloutBackend.update_weights`, the engine's own in-place reload; an engine asleep wakes
+  its weights alone for it, its KV cache only at the next generation, after the actor's
+  state left the GPU);
 - across ranks: ranks that run a model without training it (rollout-only ranks of a split
   plan or `spread`, forward-only log-prob or value ranks) get each bucket by broadcast from
   the model's first trainer over a group of the sender and those receivers (`SyncGroup`);
@@ -16,6 +18,10 @@ bucket layout is a pure function of the tensors' names, shapes and dtypes (`plan
 a receiver computes it from a meta-device copy of the model, without any metadata on the wire.
 A bucket never splits a decoder layer: vLLM processes a layer (fused q/k/v, gate/up, CPU
 repacking) once all of its tensors arrived in one reload.
+
+Every tensor is sent, so an engine that each training step's sync reloads (`synced_each_step`:
+synchronous training, the agent's actor trained, one generation per step) need not keep its
+old weights while the rank trains: it sleeps without them (vLLM's sleep level 2).
 
 Asynchronous training (`trainer.max_staleness`) cannot broadcast: the receivers are busy
 generating a later step. It publishes the buckets instead (`async_training.weight_publish`),
@@ -64,6 +70,29 @@ def role_ranks(graph: TaskGraph, plan: PlanView, agent: int, roles: Iterable[Nod
             for r in plan.layout(n.node_id).ranks}
 
 
+def synced_each_step(graph: TaskGraph, agent: int, is_async: bool) -> bool:
+    """Whether each training step's sync reloads every tensor of `agent`'s rollout engines
+    (wherever they run: colocated or by broadcast) after the step's one generation and before
+    the next: synchronous training (`is_async`: `trainer.max_staleness` set, the rollout side
+    runs ahead), an actor of the agent trained (the sync sends all of its tensors,
+    `TrainEngine.full_tensors`), one ROLLOUT node of the agent, and no DAPO dynamic sampling
+    (whose `regenerate` reruns the rollout after it slept). Such an engine may drop its weights
+    when it sleeps after a training step's rollout (`RolloutBackend.sleep`)."""
+    if is_async or not trains_actor(graph, agent):
+        return False
+    rollouts = [n for n in graph.nodes
+                if n.agent_group == agent and n.node_role == NodeRole.ROLLOUT]
+    regenerates = any(n.node_role == NodeRole.DYNAMIC_SAMPLING for n in graph.nodes)
+    return len(rollouts) == 1 and not regenerates
+
+
+def trains_actor(graph: TaskGraph, agent: int) -> bool:
+    """Whether the workflow trains `agent`'s actor (a MODEL_TRAIN node, not forward-only)."""
+    return any(n.agent_group == agent and n.node_role == NodeRole.ACTOR
+               and n.node_type == NodeType.MODEL_TRAIN and not n.only_forward_compute
+               for n in graph.nodes)
+
+
 def sync_groups(graph: TaskGraph, plan: PlanView) -> list[SyncGroup]:
     """One group per (agent, model) used on ranks that do not train it, in a fixed order."""
     groups = []
@@ -98,7 +127,8 @@ def group_into_buckets(tensors: Iterator[tuple[str, torch.Tensor]],
 def broadcast_bucket(bucket: Bucket | None, specs: list[TensorSpec], source: int,
                      group: dist.ProcessGroup, device: torch.device) -> Bucket:
     """Send `bucket` (on `source`) or receive it (elsewhere: pass None) as one flat tensor on
-    `device` (the group's: CPU for gloo, the GPU for NCCL). Returns the bucket's tensors."""
+    `device` (the rank's: on a GPU rank the group's NCCL half carries it, on CPU gloo).
+    Returns the bucket's tensors."""
     if bucket is not None:
         flat = torch.cat([t.detach().to(device).reshape(-1) for _, t in bucket])
     else:
@@ -183,15 +213,13 @@ def run_model_sync(sync: ModelSync, models: AgentModels, rank: int) -> int:
                 moved += bucket_bytes(bucket)
             if sync.group is not None and rank == sync.group.source:
                 assert sync.handle is not None
-                broadcast_bucket(bucket, [], sync.group.source, sync.handle,
-                                 _group_device(sync.handle))
+                broadcast_bucket(bucket, [], sync.group.source, sync.handle, models.device)
                 moved += bucket_bytes(bucket)
         return moved
     if sync.group is None or sync.handle is None:
         return 0
     for specs in plan_buckets(receiver_specs(models, sync.role)):  # a receiving rank
-        bucket = broadcast_bucket(None, specs, sync.group.source, sync.handle,
-                                  _group_device(sync.handle))
+        bucket = broadcast_bucket(None, specs, sync.group.source, sync.handle, models.device)
         load_received(models, sync.role, bucket)
         moved += bucket_bytes(bucket)
     return moved
@@ -240,10 +268,3 @@ def load_received(models: AgentModels, role: NodeRole, bucket: Bucket) -> None:
         copy_into(models.actor.inner, bucket)
     if models.rollout is not None and not models.rollout.shares_actor_weights:
         models.rollout.update_weights(bucket)
-
-
-def _group_device(group: dist.ProcessGroup) -> torch.device:
-    """Where a group's tensors must live: NCCL broadcasts device tensors only."""
-    if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")

@@ -73,7 +73,9 @@ class AgentRolloutExecutor:
                 for i in range(len(samples))]
         with telemetry.phase_span(telemetry.SPAN_ROLLOUT_GENERATE) as span, ctx.sink.compute():
             run = asyncio.run(self.episodes(rows, ctx))
-            self.backend.sleep()  # frees the engine's cache while the rank trains (GPU)
+            # frees the engine's memory while the rank trains (GPU); a training step's weight
+            # sync comes before its next generation, a validation pass's does not
+            self.backend.sleep(weights_follow=not ctx.validating)
             self._check(run.outcomes)
             out = episodes_to_batch(samples, run.outcomes, int(self.tokenizer.pad_token_id),
                                     width)

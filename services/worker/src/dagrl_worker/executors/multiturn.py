@@ -59,7 +59,9 @@ class MultiTurnRolloutExecutor:
         with telemetry.phase_span(telemetry.SPAN_ROLLOUT_GENERATE) as span, ctx.sink.compute():
             episodes = asyncio.run(run_episodes(rows, prompts, self.make_env, self.processor,
                                                 generate, limits))
-            self.backend.sleep()  # frees the engine's cache while the rank trains (GPU)
+            # frees the engine's memory while the rank trains (GPU); a training step's weight
+            # sync comes before its next generation, a validation pass's does not
+            self.backend.sleep(weights_follow=not ctx.validating)
             out = episodes_to_batch(samples, episodes, self.pad_token_id, width)
             policy_tokens = out.tensors[fields.RESPONSE_MASK].sum(dim=1).float()  # [B]
             span.set_batch_size(len(out))

@@ -70,7 +70,9 @@ class RolloutExecutor:
         params = self.sampling.at(ctx)
         with telemetry.phase_span(telemetry.SPAN_ROLLOUT_GENERATE) as span, ctx.sink.compute():
             out = self.backend.generate(batch, params)
-            self.backend.sleep()  # frees the engine's cache while the rank trains (GPU)
+            # frees the engine's memory while the rank trains (GPU); a training step's weight
+            # sync comes before its next generation, a validation pass's does not
+            self.backend.sleep(weights_follow=not ctx.validating)
             lengths = out.tensors[fields.RESPONSE_MASK].sum(dim=1).float()  # [B]
             span.set_batch_size(len(out))
             span.add_tokens(int(lengths.sum()))

@@ -15,7 +15,10 @@ column (uid made unique per sample, group_id kept) plus:
 
 A backend also takes the policy's new weights after every actor update (`update_weights`,
 named tensors in Hugging Face names, bucket by bucket: `DAGWorker._sync_weights` is the one
-place weights move) and may free its memory while the rank trains (`sleep` / `wake_up`).
+place weights move) and may free its memory while the rank trains (`sleep` / `wake_up`): the
+rollout executors put it to sleep after generating, saying whether the step's weight sync
+comes before its next generation (`sleep(weights_follow=...)`: then an engine the sync
+reloads in full need not keep its old weights anywhere).
 
 Seeds: with `SamplingParams.seed` set, a backend that can seed each sample derives its seed
 from (that seed, the sample's uid) (`sample_seed`), so a resumed run samples the same tokens
@@ -67,12 +70,18 @@ class RolloutBackend(Protocol):
         """Load these (a bucket of the policy's named tensors, HF names) in place."""
         ...
 
-    def sleep(self) -> None:
-        """Free what generation holds (KV cache) while the rank trains."""
+    def sleep(self, weights_follow: bool = False) -> None:
+        """Free what generation holds (KV cache, weights) while the rank trains.
+
+        `weights_follow`: the generation was a training step's rollout, so the step's weight
+        sync comes before the backend generates again (a validation pass's is followed by the
+        next step's generation, with no sync between). A backend that sync reloads in full
+        (vLLM's `synced_each_step`) may then drop its weights instead of keeping a copy.
+        """
         ...
 
     def wake_up(self) -> None:
-        """Undo `sleep` before the next generation."""
+        """Undo `sleep` before the next generation (`update_weights` wakes what it needs)."""
         ...
 
 

