@@ -20,8 +20,10 @@ ends naming each miss (exit 1):
 2. log-probs: one batch's log-probs on the device in fp32 equal the CPU's within 1e-4, and
    under bf16 autocast within BF16_LOG_PROB_TOLERANCE;
 3. update: one policy update of a Qwen2.5-1.5B-shaped model (random init, bf16 mixed
-   precision, FSDP2 on one rank, gradient checkpointing, micro-batches of 8 x 1024 tokens):
-   tokens/s, `perf/mfu/actor`, peak memory (GPU targets: MFU >= 0.40);
+   precision, FSDP2 on one rank, micro-batches of 8 x 1024 tokens) in each of
+   `UPDATE_VARIANTS`, the update's switches one at a time (gradient checkpointing of every
+   layer or every other, the fused log-prob, compiled layers) and all together: tokens/s,
+   `perf/mfu/actor` and peak memory of each, and of the best (GPU target: MFU >= 0.40);
 4. colocated: the same shape unsharded with `param_offload` and `optimizer_offload`: hf
    rollout -> offload -> update (weights back on the device first) -> offload and reload, the
    memory after each phase, and the parameters bit-equal over an offload round trip.
@@ -65,10 +67,16 @@ import torch.distributed as dist  # noqa: E402
 import yaml  # noqa: E402
 
 from dagrl import telemetry  # noqa: E402
-from dagrl.config import ActorConfig, OptimConfig, RolloutCorrectionConfig  # noqa: E402
+from dagrl.config import (  # noqa: E402
+    ActorConfig,
+    ModelConfig,
+    OptimConfig,
+    RolloutCorrectionConfig,
+)
 from dagrl.models import build_char_tokenizer, load_model_and_tokenizer  # noqa: E402
 from dagrl.models.demo import DemoRecipe, prepare_assets  # noqa: E402
 from dagrl.workflow import load_workflow  # noqa: E402
+from dagrl_worker.builder import for_training  # noqa: E402
 from dagrl_worker.dag_worker import DAGWorker  # noqa: E402
 from dagrl_worker.device import Precision, RankDevice, rank_device  # noqa: E402
 from dagrl_worker.metrics import MetricSink  # noqa: E402
@@ -94,6 +102,30 @@ FP32_LOG_PROB_TOLERANCE = 1e-4
 BF16_LOG_PROB_TOLERANCE = 0.1
 GPU_MFU_TARGET = 0.40
 CHECKS = ("demo", "log-probs", "update", "colocated")
+
+
+@dataclass(frozen=True)
+class UpdateVariant:
+    """One way to run the big update (`model.*` switches), timed beside the others."""
+
+    name: str
+    checkpoint_every: int = 1  # model.gradient_checkpointing_every; 0: no checkpointing
+    fused_log_probs: bool = False  # model.log_prob_impl: liger where installed, else chunked
+    compile_layers: bool = False  # model.compile_layers (GPU only: inductor on CPU is slow)
+
+    def model(self) -> ModelConfig:
+        return ModelConfig(gradient_checkpointing=self.checkpoint_every > 0,
+                           gradient_checkpointing_every=max(1, self.checkpoint_every),
+                           compile_layers=self.compile_layers)
+
+
+UPDATE_VARIANTS = (
+    UpdateVariant("checkpoint_every_layer"),
+    UpdateVariant("checkpoint_every_other_layer", checkpoint_every=2),
+    UpdateVariant("fused_log_probs", fused_log_probs=True),
+    UpdateVariant("compiled_layers", compile_layers=True),
+    UpdateVariant("all_switches", checkpoint_every=2, fused_log_probs=True, compile_layers=True),
+)
 
 
 @dataclass(frozen=True)
@@ -236,11 +268,12 @@ def log_prob_parity(device: RankDevice, assets: Path) -> list[str]:
 
 
 # ------------------------------------------------------------------ 3. + 4. the big update
-def update_engine(device: RankDevice, shapes: Shapes, colocated: bool) -> TrainEngine:
+def update_engine(device: RankDevice, shapes: Shapes, colocated: bool,
+                  variant: UpdateVariant = UPDATE_VARIANTS[0]) -> TrainEngine:
     """A Qwen2-architecture model of `shapes` (random init, fp32 master weights), bf16 mixed
-    precision, gradient checkpointing: FSDP2 on a one-rank group (the speed check), or
-    unwrapped with its parameters and optimizer state offloaded between phases (the
-    colocated sequence: `TrainEngine.offload`)."""
+    precision, `variant`'s switches (`builder.for_training`, as a job's model gets them):
+    FSDP2 on a one-rank group (the speed check), or unwrapped with its parameters and
+    optimizer state offloaded between phases (the colocated sequence: `TrainEngine.offload`)."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     config = Qwen2Config(vocab_size=shapes.vocab, hidden_size=shapes.hidden,
@@ -252,8 +285,7 @@ def update_engine(device: RankDevice, shapes: Shapes, colocated: bool) -> TrainE
     with device.device:
         module = AutoModelForCausalLM.from_config(config, dtype=torch.float32,
                                                   attn_implementation="sdpa")
-    module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    module.train()
+    module = for_training(module, variant.model())
     if not dist.is_initialized():
         init = f"file://{tempfile.mktemp(prefix='dagrl-gpu-check-')}"
         dist.init_process_group(device.backend, init_method=init, rank=0, world_size=1)
@@ -282,9 +314,20 @@ def update_rows(shapes: Shapes):
         "response_mask": ones, "advantages": torch.randn(count, half, generator=generator)})
 
 
-def timed_update(engine: TrainEngine, shapes: Shapes, device: RankDevice) -> MetricSink:
+def fused_log_prob_impl(device: RankDevice) -> str:
+    """liger-kernel's fused linear log-prob on a GPU where it is installed, else the chunked
+    one (`training.token_log_probs`)."""
+    import importlib.util
+
+    has_liger = importlib.util.find_spec("liger_kernel") is not None
+    return "liger" if device.is_cuda and has_liger else "chunked"
+
+
+def timed_update(engine: TrainEngine, shapes: Shapes, device: RankDevice,
+                 log_prob_impl: str = "logits") -> MetricSink:
     sink = MetricSink()
-    update = ActorUpdate(ActorConfig(use_kl_loss=False), RolloutCorrectionConfig(), 1.0)
+    update = ActorUpdate(ActorConfig(use_kl_loss=False), RolloutCorrectionConfig(), 1.0,
+                         log_prob_impl=log_prob_impl)  # type: ignore[arg-type]
     plan = MiniBatchPlan(1, MicroBatching(shapes.rows_per_micro_batch), 1)
     update_actor(engine, update_rows(shapes), update, plan, sink)
     if device.is_cuda:
@@ -292,25 +335,69 @@ def timed_update(engine: TrainEngine, shapes: Shapes, device: RankDevice) -> Met
     return sink
 
 
-def update_speed(device: RankDevice, shapes: Shapes, min_mfu: float | None) -> list[str]:
-    engine = update_engine(device, shapes, colocated=False)
-    timed_update(engine, shapes, device)  # warm-up: allocator, kernels, optimizer state
+@dataclass(frozen=True)
+class UpdateFigures:
+    tokens_per_s: float
+    mfu: float
+    peak_memory_gb: float
+
+
+def time_variant(device: RankDevice, shapes: Shapes, variant: UpdateVariant
+                 ) -> tuple[UpdateFigures, list[str]]:
+    """One variant's second update (the first warms the allocator, kernels, compiled code
+    and optimizer state); its misses (parameters that are not fp32 master weights)."""
+    engine = update_engine(device, shapes, colocated=False, variant=variant)
+    impl = fused_log_prob_impl(device) if variant.fused_log_probs else "logits"
+    timed_update(engine, shapes, device, impl)
     device.memory_gb()  # resets the peaks
     started = time.perf_counter()
-    sink = timed_update(engine, shapes, device)
+    sink = timed_update(engine, shapes, device, impl)
     seconds = time.perf_counter() - started
     tokens = shapes.rows_per_micro_batch * shapes.micro_batches * shapes.tokens_per_row
-    mfu = sink.value(telemetry.KEY_MFU_ACTOR)
-    peak, _ = device.memory_gb()
+    figures = UpdateFigures(tokens / seconds, sink.value(telemetry.KEY_MFU_ACTOR),
+                            device.memory_gb()[0])
     params = sum(p.numel() for p in engine.inner.parameters())
-    print(f"update: {params / 1e9:.2f} B parameters, {tokens} tokens in {seconds:.2f} s, "
-          f"MFU {mfu:.3f}, peak {peak:.1f} GiB", flush=True)
-    result("update_tokens_per_s", tokens / seconds)
-    result("update_mfu", mfu)
-    result("update_peak_memory_gb", peak)
-    return [*missed(all(p.dtype == torch.float32 for p in engine.inner.parameters()),
-                    "mixed precision left parameters that are not fp32 master weights"),
-            *missed(min_mfu is None or mfu >= min_mfu, f"MFU {mfu:.3f} < {min_mfu}")]
+    print(f"update ({variant.name}, log-probs {impl}): {params / 1e9:.2f} B parameters, "
+          f"{tokens} tokens in {seconds:.2f} s, MFU {figures.mfu:.3f}, peak "
+          f"{figures.peak_memory_gb:.1f} GiB", flush=True)
+    return figures, missed(all(p.dtype == torch.float32 for p in engine.inner.parameters()),
+                           f"{variant.name}: mixed precision left parameters that are not "
+                           "fp32 master weights")
+
+
+def update_speed(device: RankDevice, shapes: Shapes, min_mfu: float | None) -> list[str]:
+    """Every variant (compiled ones on CUDA only), each freed before the next; the best's
+    MFU is the check's."""
+    misses: list[str] = []
+    measured: dict[str, UpdateFigures] = {}
+    for variant in UPDATE_VARIANTS:
+        if variant.compile_layers and not device.is_cuda:
+            print(f"update ({variant.name}): skipped on CPU (inductor compiles C++ for "
+                  "minutes here; tests/ cover compiled layers' gradients)", flush=True)
+            continue
+        try:
+            figures, found = time_variant(device, shapes, variant)
+        except Exception as exc:  # a variant that fails is a miss; the others still run
+            traceback.print_exc()
+            misses.append(f"{variant.name} raised {type(exc).__name__}: {exc}")
+            continue
+        finally:
+            free_device_memory(device)
+        misses.extend(found)
+        measured[variant.name] = figures
+        result(f"update_tokens_per_s_{variant.name}", figures.tokens_per_s)
+        result(f"update_mfu_{variant.name}", figures.mfu)
+        result(f"update_peak_memory_gb_{variant.name}", figures.peak_memory_gb)
+    if not measured:
+        return misses
+    best = max(measured, key=lambda name: measured[name].mfu)
+    print(f"update: the best variant is {best}", flush=True)
+    result("update_tokens_per_s", measured[best].tokens_per_s)
+    result("update_mfu", measured[best].mfu)
+    result("update_peak_memory_gb", measured[best].peak_memory_gb)
+    mfu = measured[best].mfu
+    return [*misses, *missed(min_mfu is None or mfu >= min_mfu,
+                             f"MFU {mfu:.3f} < {min_mfu} (best variant: {best})")]
 
 
 def host_parameters(engine: TrainEngine) -> dict[str, torch.Tensor]:

@@ -288,3 +288,11 @@ def test_tf32_is_switched_on_gpu_ranks_only() -> None:
         assert torch.backends.cuda.matmul.allow_tf32 is False
     finally:
         torch.backends.cuda.matmul.allow_tf32 = was
+
+
+def test_liger_log_probs_are_refused_on_cpu() -> None:
+    config = load_job_config(overrides=["actor_rollout_ref.model.log_prob_impl=liger"])
+    problems = device_problems(config, rank_device("cpu"))
+    assert len(problems) == 1 and "on CPU use chunked" in problems[0]
+    assert device_problems(load_job_config(
+        overrides=["actor_rollout_ref.model.log_prob_impl=chunked"]), rank_device("cpu")) == []

@@ -12,7 +12,7 @@ import torch
 
 from dagrl.config import ModelConfig
 from dagrl.models import load_model_and_tokenizer
-from dagrl_worker.builder import _for_training
+from dagrl_worker.builder import for_training
 from dagrl_worker.training.engine import decoder_layers
 from dagrl_worker.training.forward import response_log_probs
 
@@ -24,7 +24,7 @@ def gradients(checkpoint: Path, model: ModelConfig) -> tuple[list[torch.Tensor],
     checkpoint (True) or, with `compile_layers`, run compiled."""
     _, rows = model_and_rows(checkpoint)
     module, _ = load_model_and_tokenizer(checkpoint)
-    module = _for_training(module, model)
+    module = for_training(module, model)
     log_probs, _ = response_log_probs(module, rows, 1.0)
     mask = rows.tensors["response_mask"]
     (log_probs * mask).sum().backward()

@@ -46,8 +46,8 @@ from dagrl_worker.training.parallel import DataParallel
 from dagrl_worker.weight_layout import TensorSpec, specs_of
 from dagrl_worker.weight_sync import synced_each_step
 
-__all__ = ["build_agent_models", "build_rollout", "build_scorer", "policy_specs",
-           "shared_tokenizer"]
+__all__ = ["build_agent_models", "build_rollout", "build_scorer", "for_training",
+           "policy_specs", "shared_tokenizer"]
 
 
 def _load_causal_lm(path: str, model: ModelConfig, device: torch.device) -> Any:
@@ -104,14 +104,14 @@ def _sharded_engine(checkpoint: _Checkpoint, optim: OptimConfig, total_steps: in
                     dp: DataParallel, options: EngineOptions) -> TrainEngine:
     """An FSDP2 engine built empty and sharded, its checkpoint read once by the group's first
     rank and broadcast shard by shard (`training.sharded_load`)."""
-    module = _for_training(sharded_load.empty_module(checkpoint.empty), checkpoint.model)
+    module = for_training(sharded_load.empty_module(checkpoint.empty), checkpoint.model)
     engine = TrainEngine(module, optim, total_steps, dp, options)
     state = checkpoint.loaded().state_dict() if dp.rank == 0 else None
     sharded_load.load_from_first_rank(engine.module, state, dp, engine.device)
     return engine
 
 
-def _for_training(module: Any, model: ModelConfig) -> Any:
+def for_training(module: Any, model: ModelConfig) -> Any:
     """`module` in train mode, with `model`'s speed-for-memory switches:
     - `gradient_checkpointing`: the activations of every `gradient_checkpointing_every`-th
       decoder layer are recomputed in backward instead of kept (less memory, one more forward
@@ -209,7 +209,7 @@ def build_agent_models(graph: TaskGraph, my_nodes: set[str], agent_group: int,
             models.critic = _sharded_engine(_Checkpoint(critic_path, critic.model, True),
                                             critic.optim, total_steps, dp, options)
         else:
-            value_model = _for_training(
+            value_model = for_training(
                 _load_value_model(critic_path, critic.model, device.device), critic.model)
             models.critic = TrainEngine(value_model, critic.optim, total_steps, dp, options)
     for node in sorted(nodes, key=lambda n: n.node_id):
@@ -263,9 +263,9 @@ def _actor_module(policy_path: str, policy_weights: str | None, policy: ModelCon
     policy's weights (a checkpoint's on resume): also a forward-only replica's under LoRA,
     which weight sync fills with the merged weights."""
     if policy.lora_rank == 0 or not trains:
-        return _for_training(_load_causal_lm(policy_weights or policy_path, policy, device),
+        return for_training(_load_causal_lm(policy_weights or policy_path, policy, device),
                              policy)
-    module = lora.with_lora(_for_training(_load_causal_lm(policy_path, policy, device), policy),
+    module = lora.with_lora(for_training(_load_causal_lm(policy_path, policy, device), policy),
                             policy)
     if policy_weights is not None:
         lora.load_adapter(module, Path(policy_weights) / lora.ADAPTER_FOLDER)

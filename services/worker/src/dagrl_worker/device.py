@@ -153,6 +153,15 @@ def device_problems(config: JobConfig, device: RankDevice) -> list[str]:
             problems.append("actor_rollout_ref.model.attn_implementation is flash_attention_2, "
                             "but the flash-attn package is not installed; install it "
                             "(pip install flash-attn) or use sdpa")
+    if model.log_prob_impl == "liger":
+        if not device.is_cuda:
+            problems.append("actor_rollout_ref.model.log_prob_impl is liger, liger-kernel's "
+                            "GPU kernels; on CPU use chunked (no [tokens x vocab] tensor) or "
+                            "logits")
+        elif importlib.util.find_spec("liger_kernel") is None:
+            problems.append("actor_rollout_ref.model.log_prob_impl is liger, but liger-kernel "
+                            "is not installed; install it (pip install liger-kernel) or use "
+                            "chunked")
     if not device.is_cuda:
         for key, fsdp in fsdp_sections(config).items():
             problems.extend(

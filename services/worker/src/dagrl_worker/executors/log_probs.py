@@ -33,6 +33,7 @@ from dagrl_worker.training import lora
 from dagrl_worker.training.engine import TrainEngine
 from dagrl_worker.training.ppo import compute_log_probs, forward_module, record_mismatch
 from dagrl_worker.training.token_budget import MicroBatching
+from dagrl_worker.training.token_log_probs import LogProbImpl
 
 # roles of the nodes that may sit between the pass and the update without reading its output
 _BLIND_ROLES = frozenset({NodeRole.REFERENCE, NodeRole.CRITIC, NodeRole.ADVANTAGE})
@@ -46,11 +47,13 @@ def micro_batching(rows: int, dynamic: bool, max_tokens: int) -> MicroBatching:
 @dataclass(frozen=True)
 class LogProbPass:
     """How a log-prob forward runs: its micro-batches, the temperature the logits are divided
-    by (`rollout.temperature`, as when sampling) and `model.use_remove_padding`."""
+    by (`rollout.temperature`, as when sampling), `model.use_remove_padding` and
+    `model.log_prob_impl`."""
 
     micro: MicroBatching
     temperature: float
     remove_padding: bool
+    log_prob_impl: LogProbImpl = "logits"
 
     @classmethod
     def of(cls, section: RolloutConfig | RefConfig, config: JobConfig) -> LogProbPass:
@@ -60,7 +63,8 @@ class LogProbPass:
                                   section.log_prob_use_dynamic_bsz,
                                   section.log_prob_max_token_len_per_rank),
                    config.actor_rollout_ref.rollout.temperature,
-                   config.actor_rollout_ref.model.use_remove_padding)
+                   config.actor_rollout_ref.model.use_remove_padding,
+                   config.actor_rollout_ref.model.log_prob_impl)
 
 
 class OldLogProbExecutor:
@@ -94,7 +98,7 @@ class OldLogProbExecutor:
         forward = self.forward
         with telemetry.phase_span(telemetry.SPAN_LOG_PROB), ctx.sink.compute():
             log_probs = compute_log_probs(target, batch, forward.micro, forward.temperature,
-                                          forward.remove_padding)
+                                          forward.remove_padding, forward.log_prob_impl)
         if fields.ROLLOUT_LOG_PROBS in batch:
             record_mismatch(log_probs, batch, ctx.sink)
         return batch.with_fields(tensors={fields.OLD_LOG_PROBS: log_probs})
@@ -128,13 +132,13 @@ class ReferenceLogProbExecutor:
                 assert self.module is not None
                 with self._on_device(self.module):
                     log_probs = compute_log_probs(self.module, batch, forward.micro,
-                                                  forward.temperature,
-                                                  remove_padding=forward.remove_padding)
+                                                  forward.temperature, forward.remove_padding,
+                                                  forward.log_prob_impl)
             else:
                 with lora.adapters_disabled(self.actor.inner):
                     log_probs = compute_log_probs(forward_module(self.actor), batch,
                                                   forward.micro, forward.temperature,
-                                                  forward.remove_padding)
+                                                  forward.remove_padding, forward.log_prob_impl)
         return batch.with_fields(tensors={fields.REF_LOG_PROBS: log_probs})
 
     @contextlib.contextmanager

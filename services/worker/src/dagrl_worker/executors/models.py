@@ -35,10 +35,11 @@ def critic_micro_batching(critic: CriticConfig) -> MicroBatching:
 
 def actor_update(config: JobConfig) -> ActorUpdate:
     """The policy update's settings: `actor`, `algorithm.rollout_correction`, the rollout's
-    temperature and `model.use_remove_padding`."""
+    temperature, `model.use_remove_padding` and `model.log_prob_impl`."""
     policy = config.actor_rollout_ref
     return ActorUpdate(policy.actor, config.algorithm.rollout_correction,
-                       policy.rollout.temperature, policy.model.use_remove_padding)
+                       policy.rollout.temperature, policy.model.use_remove_padding,
+                       policy.model.log_prob_impl)
 
 
 def actor_plan(config: JobConfig) -> MiniBatchPlan:

@@ -48,6 +48,7 @@ from dagrl_worker.training.engine import TrainEngine
 from dagrl_worker.training.forward import response_log_probs, response_values
 from dagrl_worker.training.parallel import DataParallel
 from dagrl_worker.training.token_budget import MicroBatching, scatter_rows
+from dagrl_worker.training.token_log_probs import LogProbImpl
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,7 @@ class ActorUpdate:
     correction: RolloutCorrectionConfig
     temperature: float
     remove_padding: bool = False  # model.use_remove_padding
+    log_prob_impl: LogProbImpl = "logits"  # model.log_prob_impl
 
 
 def record_mismatch(actor_log_probs: torch.Tensor, batch: Batch, sink: MetricSink) -> None:
@@ -259,6 +261,7 @@ def update_actor(engine: TrainEngine, rows: Batch, update: ActorUpdate, plan: Mi
             log_prob, entropy = response_log_probs(engine.module, batch, temperature,
                                                    with_entropy=True,
                                                    remove_padding=update.remove_padding,
+                                                   log_prob_impl=update.log_prob_impl,
                                                    entropy_grad=config.entropy_coeff != 0)
         if measure_gap and engine.steps_taken == steps_before:
             record_mismatch(log_prob.detach(), batch, sink)
@@ -382,10 +385,12 @@ def forward_in_micro_batches(target: ForwardTarget | torch.nn.Module, rows: Batc
 
 def compute_log_probs(target: ForwardTarget | torch.nn.Module, rows: Batch,
                       micro: MicroBatching, temperature: float,
-                      remove_padding: bool = False) -> torch.Tensor:
+                      remove_padding: bool = False,
+                      log_prob_impl: LogProbImpl = "logits") -> torch.Tensor:
     return forward_in_micro_batches(
         target, rows, micro,
-        lambda m, b: response_log_probs(m, b, temperature, remove_padding=remove_padding)[0])
+        lambda m, b: response_log_probs(m, b, temperature, remove_padding=remove_padding,
+                                        log_prob_impl=log_prob_impl)[0])
 
 
 def compute_values(target: ForwardTarget | torch.nn.Module, rows: Batch,
