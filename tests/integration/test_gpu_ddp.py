@@ -4,19 +4,18 @@ missing. The update on one GPU: services/worker/tests/test_gpu_training.py."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from dagrl.config import OptimConfig
 from dagrl_worker.device import RankDevice
 from dagrl_worker.training.engine import EngineOptions, TrainEngine
 from dagrl_worker.training.parallel import DataParallel
 from services.worker.tests.test_gpu_training import model_and_rows, update_actor_once
+from tests.integration.spawned_ranks import run_ranks
 
 pytestmark = [
     pytest.mark.gpu,
@@ -41,12 +40,7 @@ def _ddp_step(rank: int, port: int, checkpoint: str, results: dict) -> None:
 @pytest.mark.integration  # 2 spawned processes in an NCCL group
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="DDP over NCCL needs 2 GPUs")
 def test_ddp_over_nccl_equals_one_rank(tiny_checkpoint: Path) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    results = mp.Manager().dict()
-    mp.start_processes(_ddp_step, args=(port, str(tiny_checkpoint), results), nprocs=2,
-                       start_method="spawn")
+    results = run_ranks(_ddp_step, 2, str(tiny_checkpoint))
     model, rows = model_and_rows(tiny_checkpoint)
     single = TrainEngine(model.cuda().train(), OptimConfig(lr=1e-2), 2, DataParallel())
     update_actor_once(single, rows)

@@ -6,13 +6,11 @@ machine with `make install DEVICE=cuda` and `pytest -m gpu services/worker/tests
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from dagrl.config import RolloutConfig
 from dagrl.engines import is_engine_installed
@@ -28,6 +26,7 @@ from dagrl_worker.prompts import prompts_to_batch
 from dagrl_worker.rollout import SamplingParams
 from dagrl_worker.training.forward import response_log_probs
 from dagrl_worker.weight_layout import plan_buckets, specs_of
+from tests.integration.spawned_ranks import run_ranks
 
 pytestmark = [
     pytest.mark.gpu,
@@ -112,9 +111,5 @@ def _nccl_broadcast(rank: int, port: int, results: dict) -> None:
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL between 2 ranks needs 2 GPUs")
 def test_nccl_sync_sends_device_tensors() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    results = mp.Manager().dict()
-    mp.start_processes(_nccl_broadcast, args=(port, results), nprocs=2, start_method="spawn")
+    results = run_ranks(_nccl_broadcast, 2)
     assert all(device == "cuda" and mean == 1.0 for device, mean in results[1].values())

@@ -12,15 +12,14 @@ refuses the host tensors, as NCCL does; the device-mapped backend carries them o
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from tests.integration.nccl_imitation import backend_devices, imitate_nccl
+from tests.integration.spawned_ranks import run_ranks
 
 
 def _rows(count: int, seed: int) -> Any:
@@ -99,11 +98,7 @@ def _rank(rank: int, port: int, results: dict) -> None:
 
 @pytest.mark.integration  # a gloo world of 2 spawned processes
 def test_a_gpu_ranks_host_collectives_pass_imitated_nccl() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    results = mp.Manager().dict()
-    mp.start_processes(_rank, args=(port, results), nprocs=2, start_method="spawn")
+    results = run_ranks(_rank, 2)
     for rank in (0, 1):
         assert "error" not in results[rank], results[rank]["error"]
         assert results[rank]["sum"] == [3.0, 4.0]
@@ -129,9 +124,5 @@ def _plain_nccl(rank: int, port: int, results: dict) -> None:
 def test_the_imitation_refuses_host_tensors_over_plain_nccl() -> None:
     assert backend_devices("cpu:gloo,cuda:nccl") == {"cpu", "cuda"}
     assert backend_devices("nccl") == {"cuda"}
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    results = mp.Manager().dict()
-    mp.start_processes(_plain_nccl, args=(port, results), nprocs=2, start_method="spawn")
+    results = run_ranks(_plain_nccl, 2)
     assert all("No backend type associated with device type cpu" in results[r] for r in (0, 1))

@@ -6,14 +6,14 @@ the plain model."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from tests.integration.spawned_ranks import run_ranks
 
 
 def _rank(rank: int, port: int, checkpoint: str, results: dict) -> None:
@@ -66,12 +66,7 @@ def _rank(rank: int, port: int, checkpoint: str, results: dict) -> None:
 
 @pytest.mark.integration  # a gloo group of 2 spawned processes
 def test_only_the_first_rank_reads_a_sharded_models_checkpoint(tiny_checkpoint: Path) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    results = mp.Manager().dict()
-    mp.start_processes(_rank, args=(port, str(tiny_checkpoint), results), nprocs=2,
-                       start_method="spawn")
+    results = run_ranks(_rank, 2, str(tiny_checkpoint))
     assert sorted(results[0]["loads"]) == ["AutoModelForCausalLM",
                                            "AutoModelForTokenClassification"]
     assert results[1]["loads"] == []

@@ -4,16 +4,14 @@ groups: services/worker/tests/test_weight_sync.py."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from dagrl_worker import weight_sync
 from dagrl_worker.weight_layout import plan_buckets, specs_of
 from services.worker.tests.test_weight_sync import model_state
+from tests.integration.spawned_ranks import run_ranks
 
 
 def _run(rank: int, port: int, results: dict) -> None:
@@ -39,11 +37,7 @@ def _run(rank: int, port: int, results: dict) -> None:
 
 @pytest.mark.integration  # a gloo group of 3 spawned processes
 def test_receivers_get_every_tensor_of_the_sender() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    results = mp.Manager().dict()
-    mp.start_processes(_run, args=(port, results), nprocs=3, start_method="spawn")
+    results = run_ranks(_run, 3)
     moved, sender, buckets = results[0]
     _, receiver, _ = results[1]
     assert buckets > 2
