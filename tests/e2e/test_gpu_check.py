@@ -5,17 +5,16 @@ colocated rollout -> offload -> update -> reload sequence, each check with its R
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.integration.gpu_machine_python import run_on_gpu_machine
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
-# a python that sees only the GPU machine's packages (and the wheels carried there)
-GPU_MACHINE_PYTHON = ROOT / "tests" / "integration" / "gpu_machine_python.py"
 
 pytestmark = pytest.mark.e2e
 
@@ -28,11 +27,8 @@ def results(output: str) -> dict[str, float]:
 def test_the_gpu_check_passes_in_cpu_mode(assets: Path) -> None:
     """Run as the GPU machine would run it: what it imports while its checks run is only what
     that machine has."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    run = subprocess.run([sys.executable, str(GPU_MACHINE_PYTHON), str(SCRIPT), "--mode", "cpu",
-                          "--assets", str(assets)],
-                         capture_output=True, text=True, timeout=900,
-                         env={**env, "HF_HUB_OFFLINE": "1"})
+    run = run_on_gpu_machine(str(SCRIPT), "--mode", "cpu", "--assets", str(assets),
+                             timeout_s=900)
     assert run.returncode == 0, run.stderr[-3000:]
     figures = results(run.stdout)
     assert figures["gpu_check_cuda"] == 0

@@ -19,7 +19,9 @@ import importlib.abc
 import importlib.machinery
 import importlib.metadata
 import importlib.util
+import os
 import runpy
+import subprocess
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -36,6 +38,15 @@ NEVER = ("openai", "pydantic", "pydantic_core", "ray", "vllm", "redis")
 # dagrl's own packages (from the checkout's source folders) and the scripts beside SCRIPT
 DAGRL_MODULES = frozenset({"dagrl", "dagrl_worker", "dagrl_databuffer", "gpu_check",
                            "gpu_wheels"})
+
+
+def run_on_gpu_machine(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
+    """`python gpu_machine_python.py <args>` from the checkout's root, in the tests' own
+    environment less PYTHONPATH (the GPU machine has none): output captured."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    return subprocess.run([sys.executable, str(Path(__file__).resolve()), *args],
+                          capture_output=True, text=True, timeout=timeout_s, cwd=ROOT,
+                          env={**env, "HF_HUB_OFFLINE": "1"})
 
 
 def carried_modules() -> frozenset[str]:

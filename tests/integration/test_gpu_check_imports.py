@@ -5,14 +5,17 @@ never reach openai, pydantic, Ray, vLLM or redis-py."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.integration.gpu_machine_python import GpuMachineFinder, allowed_modules
+from tests.integration.gpu_machine_python import (
+    GpuMachineFinder,
+    allowed_modules,
+    run_on_gpu_machine,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 EMULATOR = Path(__file__).resolve().parent / "gpu_machine_python.py"
@@ -23,9 +26,7 @@ pytestmark = pytest.mark.integration
 
 def on_gpu_machine(*args: str) -> subprocess.CompletedProcess[str]:
     """`python3 <args>` as the GPU machine would run it (its packages only), from the root."""
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    return subprocess.run([sys.executable, str(EMULATOR), *args], capture_output=True,
-                          text=True, timeout=300, cwd=ROOT, env={**env, "HF_HUB_OFFLINE": "1"})
+    return run_on_gpu_machine(*args)
 
 
 def lines(stderr: str, tag: str) -> list[str]:

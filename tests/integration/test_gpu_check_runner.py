@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from dagrl.models.demo import RECIPE_FILE, DemoRecipe
+from tests.integration.gpu_machine_python import run_on_gpu_machine
 
 ROOT = Path(__file__).resolve().parents[2]
 EMULATOR = Path(__file__).resolve().parent / "gpu_machine_python.py"
@@ -26,10 +25,7 @@ pytestmark = pytest.mark.integration
 
 
 def gpu_check(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    return subprocess.run([sys.executable, str(EMULATOR), str(SCRIPT), *args],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT,
-                          env={**env, "HF_HUB_OFFLINE": "1"})
+    return run_on_gpu_machine(str(SCRIPT), *args, timeout_s=600)
 
 
 def results(output: str) -> dict[str, float]:

@@ -55,26 +55,36 @@ def _prompts():
 
 @needs_vllm
 def test_cuda_graphs_sleep_and_reload(checkpoint: Path) -> None:
-    """CUDA-graph mode samples what the model says; sleep frees GPU memory, wake_up and a
-    reload bring the new weights."""
+    """CUDA-graph mode samples what the model says. An engine the step's sync reloads sleeps
+    at level 2 (frees its KV cache and its weights) and refuses to generate before the sync;
+    the sync wakes the weights alone and a reload of every tensor (lm_head included) gives an
+    engine that samples what the new weights say; a validation-style level-1 sleep keeps
+    them."""
+    from dagrl.errors import FailedPreconditionError
     from dagrl_worker.rollout.vllm_engine import VLLMRollout
 
     tokenizer = build_char_tokenizer()
     config = RolloutConfig(name="vllm", enforce_eager=False, gpu_memory_utilization=0.3,
-                           free_cache_engine=True, max_model_len=256)
+                           free_cache_engine=True, max_model_len=256, dtype="float32")
     engine = VLLMRollout(str(checkpoint), config, "float32", int(tokenizer.pad_token_id),
-                         int(tokenizer.eos_token_id), is_cuda=True)
+                         int(tokenizer.eos_token_id), is_cuda=True, synced_each_step=True)
     model, _ = load_model_and_tokenizer(checkpoint)
     model.cuda()
     greedy = SamplingParams(n=1, max_new_tokens=8, do_sample=False)
-    out = engine.generate(_prompts(), greedy)
-    with torch.no_grad():
-        actor, _ = response_log_probs(model, out.to("cuda"), temperature=1.0)
-    mask = out.tensors["response_mask"].bool()
-    assert float((actor.cpu() - out.tensors["rollout_log_probs"])[mask].abs().max()) <= 1e-3
+
+    def gap() -> float:
+        out = engine.generate(_prompts(), greedy)
+        with torch.no_grad():
+            actor, _ = response_log_probs(model, out.to("cuda"), temperature=1.0)
+        mask = out.tensors["response_mask"].bool()
+        return float((actor.cpu() - out.tensors["rollout_log_probs"])[mask].abs().max())
+
+    assert gap() <= 1e-3
     awake = torch.cuda.mem_get_info()[0]
-    engine.sleep()
+    engine.sleep(weights_follow=True)
     assert torch.cuda.mem_get_info()[0] > awake  # KV cache and weights released
+    with pytest.raises(FailedPreconditionError):
+        engine.generate(_prompts(), greedy)  # nothing to generate with before the sync
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.mul_(1.05)
@@ -83,11 +93,9 @@ def test_cuda_graphs_sleep_and_reload(checkpoint: Path) -> None:
     for specs in plan_buckets(specs_of(state.items())):
         # wakes the weights only; the KV cache wakes at the next generate
         engine.update_weights([next(tensors) for _ in specs])
-    fresh = engine.generate(_prompts(), greedy)
-    with torch.no_grad():
-        actor, _ = response_log_probs(model, fresh.to("cuda"), temperature=1.0)
-    mask = fresh.tensors["response_mask"].bool()
-    assert float((actor.cpu() - fresh.tensors["rollout_log_probs"])[mask].abs().max()) <= 1e-3
+    assert gap() <= 1e-3  # the new weights
+    engine.sleep(weights_follow=False)  # a validation pass: the next step has no sync
+    assert gap() <= 1e-3
 
 
 def _nccl_broadcast(rank: int, port: int, results: dict) -> None:

@@ -55,3 +55,17 @@ def test_compiled_layers_keep_the_gradients(tiny_checkpoint: Path,
                                                              gradient_checkpointing=True))
     assert flags == [True, True]
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(plain, compiled, strict=True))
+
+
+def test_the_log_prob_setting_reaches_every_pass() -> None:
+    """`model.log_prob_impl` is what the update, the old-log-prob and reference passes use
+    (their equality with the logits path: test_token_log_probs.py)."""
+    from dagrl.config import load_job_config
+    from dagrl_worker.executors.log_probs import LogProbPass
+    from dagrl_worker.executors.models import actor_update
+
+    config = load_job_config(overrides=["actor_rollout_ref.model.log_prob_impl=chunked"])
+    assert actor_update(config).log_prob_impl == "chunked"
+    for section in (config.actor_rollout_ref.rollout, config.actor_rollout_ref.ref):
+        assert LogProbPass.of(section, config).log_prob_impl == "chunked"
+    assert actor_update(load_job_config()).log_prob_impl == "logits"  # the default

@@ -5,15 +5,14 @@ while the actor trains (level 2, weights dropped, when the step's sync reloads e
 next; level 1, weights kept on the host, otherwise), then the sync wakes the weights alone (the
 actor's parameters and optimizer state are still on the GPU), reloads them and resets the
 prefix cache, and only the next generation brings the KV cache back (after `offload_engines`).
-A recording stand-in for vLLM's `LLM` checks the calls on CPU; the last test runs the real
-sequence on a GPU.
+A recording stand-in for vLLM's `LLM` checks the calls on CPU; the real sequence on a GPU:
+tests/integration/test_gpu_paths.py.
 """
 
 from __future__ import annotations
 
 import sys
 import types
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +20,6 @@ import torch
 
 from dagrl.algorithms import FixedKLController
 from dagrl.config import RolloutConfig, load_job_config
-from dagrl.engines import is_engine_installed
 from dagrl.errors import FailedPreconditionError
 from dagrl.models import build_char_tokenizer
 from dagrl.workflow import load_workflow
@@ -247,52 +245,3 @@ def test_which_engines_every_step_reloads(workflow: Any, is_async: bool,
     graph = load_workflow(workflow)
     assert [synced_each_step(graph, agent, is_async)
             for agent in graph.agent_groups()] == synced
-
-
-@pytest.mark.gpu
-@pytest.mark.integration  # a vLLM engine on the GPU
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.skipif(not is_engine_installed("vllm"), reason="needs vllm (make install "
-                    "DEVICE=cuda)")
-def test_level_two_sleep_and_a_full_reload_restore_a_working_engine(
-        tmp_path: Path) -> None:
-    """The real sequence: sleep level 2 frees more than level 1 keeps, wake_up of the weights
-    alone and a reload of every tensor (lm_head included) give an engine that samples what
-    the new weights say; a validation-style level-1 sleep keeps them."""
-    from dagrl.models import TinyModelSpec, build_tiny_model, load_model_and_tokenizer
-    from dagrl_worker.training.forward import response_log_probs
-    from dagrl_worker.weight_layout import plan_buckets, specs_of
-
-    build_tiny_model(TinyModelSpec(hidden_size=128, num_heads=4, num_kv_heads=2), TOKENIZER,
-                     tmp_path)
-    config = RolloutConfig(name="vllm", gpu_memory_utilization=0.3, free_cache_engine=True,
-                           max_model_len=256, dtype="float32")
-    engine = VLLMRollout(str(tmp_path), config, "float32", int(TOKENIZER.pad_token_id),
-                         int(TOKENIZER.eos_token_id), is_cuda=True, synced_each_step=True)
-    model, _ = load_model_and_tokenizer(tmp_path)
-    model.cuda()
-
-    def gap() -> float:
-        out = engine.generate(_prompts(), SamplingParams(n=1, max_new_tokens=8,
-                                                         do_sample=False))
-        with torch.no_grad():
-            actor, _ = response_log_probs(model, out.to("cuda"), temperature=1.0)
-        mask = out.tensors["response_mask"].bool()
-        return float((actor.cpu() - out.tensors["rollout_log_probs"])[mask].abs().max())
-
-    assert gap() <= 1e-3
-    awake = torch.cuda.mem_get_info()[0]
-    engine.sleep(weights_follow=True)
-    assert torch.cuda.mem_get_info()[0] > awake  # KV cache and weights released
-    with pytest.raises(FailedPreconditionError):
-        engine.generate(_prompts(), GREEDY)  # nothing to generate with before the sync
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.mul_(1.05)
-    state = model.state_dict()
-    tensors = iter(state.items())
-    for specs in plan_buckets(specs_of(state.items())):
-        engine.update_weights([next(tensors) for _ in specs])
-    assert gap() <= 1e-3  # the new weights, through the KV cache woken only now
-    engine.sleep(weights_follow=False)  # a validation pass: the next step has no sync
-    assert gap() <= 1e-3
