@@ -30,78 +30,37 @@ and the bf16 run's reward rises.
 from __future__ import annotations
 
 import argparse
-import copy
 import math
 import statistics
 import sys
 import time
-from pathlib import Path
-from typing import Any
 
 import ray
 import torch
-import yaml
+from _smollm2_job import (
+    ASSETS,
+    STEP_SECONDS,
+    median_after_first,
+    prepare_assets,
+    run_smollm2,
+    smollm2_config,
+    step_rows,
+)
 
-from dagrl.data import make_dataset, read_parquet
+from dagrl.data import read_parquet
 from dagrl.local import LocalRedis
 from dagrl.models import encode_chat_prompt, load_model_and_tokenizer
-from dagrl.models.smollm2 import build_checkpoint
-from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
-from dagrl.workflow import load_workflow
 from dagrl_worker.device import Precision, cpu_has_native_bf16
-from dagrl_worker.driver import Driver, JobOutcome
-from dagrl_worker.plan_view import colocated_plan
+from dagrl_worker.driver import JobOutcome
 from dagrl_worker.prompts import prompts_to_batch
 from dagrl_worker.rollout import HFRollout, SamplingParams
-from dagrl_worker.spec import WorkerSpec
 from dagrl_worker.training.ppo import ForwardTarget, compute_log_probs
 from dagrl_worker.training.token_budget import MicroBatching
 
-ROOT = Path(__file__).resolve().parent.parent
-ASSETS = ROOT / "outputs" / "smollm2"
-EXAMPLE = ROOT / "examples" / "grpo_smollm2_vllm.yaml"
-RANKS = 2
 BF16_STEPS = 10
 ACTOR_PHASE = "timing_s/actor_train"
 REWARD = "critic/score/mean"
-
-
-def job_config(steps: int, bf16: bool) -> dict[str, Any]:
-    """The example on the SmolLM2 assets, `steps` steps, nothing but training timed."""
-    config: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
-    config["data"]["train_files"] = [str(ASSETS / "data" / "train.parquet")]
-    config["data"]["val_files"] = []
-    policy = config["actor_rollout_ref"]
-    policy["model"]["path"] = str(ASSETS / "model")
-    config["trainer"].update({"total_training_steps": steps, "n_ranks_per_node": RANKS,
-                              "val_before_train": False, "test_freq": -1, "save_freq": -1,
-                              "resume_mode": "disable", "logger": []})
-    if bf16:
-        mixed = {"mixed_precision": {"param_dtype": "bfloat16"}}
-        policy["actor"]["fsdp_config"] = copy.deepcopy(mixed)
-        policy["ref"]["fsdp_config"] = copy.deepcopy(mixed)
-        policy["rollout"]["dtype"] = "bfloat16"
-    return config
-
-
-def run(name: str, config: dict[str, Any], redis_url: str) -> JobOutcome:
-    plan: scheduler_pb2.Plan = colocated_plan(load_workflow("grpo"), world_size=RANKS)
-    spec = WorkerSpec(name, yaml.safe_dump(config), "", (), plan.SerializeToString(), redis_url,
-                      str(ROOT / "outputs" / "bench_mixed_precision" / name))
-    outcome = Driver(spec).run()
-    steps = config["trainer"]["total_training_steps"]
-    if outcome.last_step != steps:
-        sys.exit(f"job {name} stopped at step {outcome.last_step} of {steps}: "
-                 f"{outcome.state} {outcome.reason}")
-    return outcome
-
-
-def step_rows(outcome: JobOutcome) -> list[dict[str, float]]:
-    return [m for m in outcome.history if "perf/step_seconds" in m]
-
-
-def mean_after_first(outcome: JobOutcome, name: str) -> float:
-    return statistics.mean(m[name] for m in step_rows(outcome)[1:])
+FOLDER = "bench_mixed_precision"
 
 
 def log_prob_gap() -> tuple[float, float]:
@@ -148,9 +107,7 @@ def main() -> None:
     parser.add_argument("--force", action="store_true",
                         help="run the jobs on a CPU without native bf16 too (hours)")
     args = parser.parse_args()
-    build_checkpoint(ASSETS / "model", ASSETS / "wheels")
-    if not (ASSETS / "data" / "train.parquet").is_file():
-        make_dataset("arith_question", 80, 20, ASSETS / "data", seed=0)
+    prepare_assets()
     native = cpu_has_native_bf16()
     gap_max, gap_mean = log_prob_gap()
     print(f"log-prob gap, bf16 autocast vs fp32 forward: max {gap_max:.4f}, mean "
@@ -169,16 +126,17 @@ def main() -> None:
         return
     ray.init(address="local", num_cpus=4, log_to_driver=False, include_dashboard=False)
     with LocalRedis() as redis:
-        fp32 = run("fp32", job_config(args.fp32_steps, bf16=False), redis.url)
-        bf16 = run("bf16", job_config(BF16_STEPS, bf16=True), redis.url)
+        fp32 = run_smollm2("fp32", smollm2_config(args.fp32_steps, bf16=False), redis.url,
+                           FOLDER)
+        bf16 = run_smollm2("bf16", smollm2_config(BF16_STEPS, bf16=True), redis.url, FOLDER)
     ray.shutdown()
     report(fp32, bf16)
 
 
 def report(fp32: JobOutcome, bf16: JobOutcome) -> None:
-    step = {name: mean_after_first(o, "perf/step_seconds") for name, o in
+    step = {name: median_after_first(o, STEP_SECONDS) for name, o in
             (("fp32", fp32), ("bf16", bf16))}
-    actor = {name: mean_after_first(o, ACTOR_PHASE) for name, o in
+    actor = {name: median_after_first(o, ACTOR_PHASE) for name, o in
              (("fp32", fp32), ("bf16", bf16))}
     for name in ("fp32", "bf16"):
         print(f"{name}: step {step[name]:.1f} s (actor update {actor[name]:.1f} s)")

@@ -286,9 +286,9 @@ def update_engine(device: RankDevice, shapes: Shapes, colocated: bool,
         module = AutoModelForCausalLM.from_config(config, dtype=torch.float32,
                                                   attn_implementation="sdpa")
     module = for_training(module, variant.model())
-    if not dist.is_initialized():
-        init = f"file://{tempfile.mktemp(prefix='dagrl-gpu-check-')}"
-        dist.init_process_group(device.backend, init_method=init, rank=0, world_size=1)
+    if not dist.is_initialized():  # its rendezvous: a store on a free loopback port, no file
+        store = dist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True)
+        dist.init_process_group(device.backend, store=store, rank=0, world_size=1)
     if colocated:
         options = EngineOptions("ddp", Precision(torch.bfloat16), param_offload=True,
                                 optimizer_offload=True)

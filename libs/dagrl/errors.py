@@ -141,7 +141,7 @@ class ShardCorruptError(DataBufferError):
 
 
 class RunFolderBusyError(FailedPreconditionError):
-    """Another live job holds the run folder's lock (`dagrl_worker.run_lock`)."""
+    """Another live job or `dagrl run` holds the run folder's lock (`dagrl.run_lock`)."""
 
 
 class CheckpointDamagedError(FailedPreconditionError):

@@ -8,7 +8,10 @@ are ever constructed) this loader refuses:
   items in memory (the "billion laughs"); dagrl's own files never need them;
 - nesting deeper than MAX_DEPTH: the depth is counted while the document is composed, so a
   10^5-deep `[[[[...]]]]` stops at MAX_DEPTH + 1 instead of overflowing Python's stack;
-- text over MAX_BYTES, checked before parsing (the pure-Python parser reads ~100 KiB/s).
+- text over MAX_BYTES, checked before parsing (the pure-Python parser reads ~100 KiB/s);
+- characters YAML does not allow (NUL, BEL, ESC and the other control characters), named with
+  their line and column before PyYAML's reader meets them: its ReaderError carries no mark and
+  escaped the handling below as INTERNAL at the gRPC boundary and a traceback in the CLI.
 
 Every problem is a YamlInputError (an InvalidInputError: INVALID_ARGUMENT at the gRPC boundary)
 that says where and what; callers name the file in their own error type (ConfigError, ...).
@@ -21,11 +24,13 @@ from typing import Any
 
 import yaml
 from yaml.composer import ComposerError
+from yaml.reader import Reader
 
 from dagrl.errors import YamlInputError
 
 MAX_BYTES = 256 << 10
 MAX_DEPTH = 64
+_NOT_ALLOWED = Reader.NON_PRINTABLE  # exactly what PyYAML's reader refuses
 
 
 @dataclass(frozen=True)
@@ -70,10 +75,9 @@ def parse_document(text: str) -> YamlDocument:
         raise YamlInputError(f"the YAML text is {size} bytes, more than the {MAX_BYTES} "
                              "accepted; a job config or workflow is a few KiB: move bulk "
                              "data into a dataset file")
-    loader = _BoundedLoader(text)
+    check_characters(text)
     try:
-        root = loader.get_single_node()
-        data = loader.construct_document(root) if root is not None else None
+        return _compose(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -84,6 +88,31 @@ def parse_document(text: str) -> YamlDocument:
         raise YamlInputError(f"{what}{where}: {problem}") from None
     except yaml.YAMLError as exc:
         raise YamlInputError(f"malformed YAML: {exc}") from None
+
+
+def check_characters(text: str) -> None:
+    """YamlInputError naming the first character YAML does not allow in `text`, and where.
+
+    Overrides call it on their own text too: a value YAML refuses is otherwise kept as the
+    text itself, and a control character must not slip into a name or a path that way."""
+    found = _NOT_ALLOWED.search(text)
+    if found is None:
+        return
+    start = found.start()
+    line = text.count("\n", 0, start) + 1
+    column = start - text.rfind("\n", 0, start)
+    code = ord(found.group())
+    kind = "control character" if code < 0xA0 else "character"
+    escape = f', or write it as "\\x{code:02x}" in a double-quoted string' if code < 0x100 else ""
+    raise YamlInputError(f"{kind} U+{code:04X} at line {line}, column {column}: YAML allows "
+                         f"only printable characters, tabs and line breaks; remove it{escape}")
+
+
+def _compose(text: str) -> YamlDocument:
+    loader = _BoundedLoader(text)
+    try:
+        root = loader.get_single_node()
+        data = loader.construct_document(root) if root is not None else None
     finally:
         loader.dispose()
     return YamlDocument(data, root)

@@ -1,4 +1,8 @@
-"""`dagrl config`: show the resolved job config, or every option with its default and doc."""
+"""`dagrl config`: show the resolved job config, or every option with its default and doc.
+
+The config is checked as `dagrl run` would check it on this machine, devices included
+(`dagrl.device_rules`): a `trainer.device=cuda` without a GPU here is refused here too.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import yaml
 
 from dagrl.cli.client import build_job_spec
 from dagrl.config import JobConfig, field_doc, to_dict
+from dagrl.device_rules import check_devices, local_facts
 from dagrl.rpc.jobspec import load_config, load_graph
 
 
@@ -32,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
     spec = build_job_spec(args.file, args.overrides)
     config = load_config(spec)
     load_graph(spec, config)  # its workflow is checked too, as `dagrl run` would
+    check_devices(config, local_facts(), args.file)  # and its devices, this machine's
     print(yaml.safe_dump(to_dict(config), sort_keys=False), end="")
     return 0
 

@@ -4,7 +4,9 @@ It starts what the job needs as local processes — a private redis-server on a 
 (the job store and the databuffer), the scheduler service on a free loopback port — and
 submits the job exactly as `dagrl submit` would, so the scheduler plans it and launches
 the same job driver (which starts a local Ray). It streams progress as a bar, prints the
-final metrics, and stops what it started.
+final metrics, and stops what it started. Before it starts anything it takes the run folder's
+lock, which it hands to the job's driver (`dagrl.run_lock`): a second `dagrl run` of the same
+experiment is refused at once, not after its services are up.
 
 Whatever ends it — Ctrl-C, SIGTERM (`timeout`, a batch scheduler's cancel), SIGHUP (a dropped
 ssh session) — it cancels the job, waits until the job has stopped, stops what it started and
@@ -42,6 +44,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from dagrl.checkpoint_layout import run_folder
 from dagrl.checkpoint_paths import check_checkpoints
 from dagrl.cli.client import (
     SchedulerClient,
@@ -52,16 +55,20 @@ from dagrl.cli.client import (
     embedded_scheduler,
 )
 from dagrl.cli.signals import SignalLatch, StopRequested, ending_signals, say
+from dagrl.config import JobConfig
 from dagrl.data.job_files import check_data_files
+from dagrl.device_rules import check_devices, local_facts
 from dagrl.engines import require_engine
 from dagrl.errors import FailedPreconditionError, UnavailableError
 from dagrl.local import LocalRedis, stop_process
 from dagrl.local.guardian import Guardian
 from dagrl.local.processes import end_with_parent
 from dagrl.local.redis_server import free_port
+from dagrl.names import printable
 from dagrl.rpc.gen.common.v1 import common_pb2
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.rpc.jobspec import load_config, load_graph, validate_job
+from dagrl.run_lock import RunLock, handover_env
 
 _FINAL = {common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED,
           common_pb2.JOB_STATE_CANCELLED}
@@ -95,11 +102,13 @@ def run(args: argparse.Namespace) -> int:
     validate_job(spec)  # before any service starts
     config = load_config(spec)
     require_engine(config.actor_rollout_ref.rollout.name)  # the workers run here
+    if not args.scheduler:  # on this machine's devices (a scheduler checks its cluster's)
+        check_devices(config, local_facts(), args.file)
     check_checkpoints(config, load_graph(spec, config)[0], args.file)  # and load from here
     check_data_files(config, args.file)  # and read the data from here, before Ray starts
-    with ending_signals() as signals:
+    with _held_run_folder(args, config) as handover, ending_signals() as signals:
         try:
-            final, stop = _run_job(args, signals)
+            final, stop = _run_job(args, signals, handover)
         except StopRequested as early:
             say(f"dagrl run: {early} before the job was submitted; stopped what it had started")
             return early.exit_code
@@ -112,11 +121,29 @@ def run(args: argparse.Namespace) -> int:
     return 0 if final.state == common_pb2.JOB_STATE_SUCCEEDED else 1
 
 
-def _run_job(args: argparse.Namespace,
-             signals: SignalLatch) -> tuple[scheduler_pb2.Job, StopRequested | None]:
+@contextlib.contextmanager
+def _held_run_folder(args: argparse.Namespace, config: JobConfig) -> Iterator[dict[str, str]]:
+    """The run folder's lock, taken before any service starts so that a second `dagrl run` of
+    the experiment is refused at once, not its driver 18 s in (`dagrl.run_lock`); yields the
+    environment that hands the lock to this run's driver. With --scheduler the job runs where
+    that scheduler launches it, and its driver alone takes the lock there."""
+    if args.scheduler:
+        yield {}
+        return
+    lock = RunLock(run_folder(config), f"`dagrl run {printable(args.file)}` (pid {os.getpid()})")
+    token = lock.acquire_for_handover()
+    try:
+        yield handover_env(token)
+    finally:
+        lock.release()
+
+
+def _run_job(args: argparse.Namespace, signals: SignalLatch,
+             handover: dict[str, str]) -> tuple[scheduler_pb2.Job, StopRequested | None]:
     """Start the services, submit, follow the job to its end; on a signal, cancel it (the
     cancel returns once its driver has stopped). Returns the job as it ended and the signal."""
-    with _services(args, signals) as (scheduler, extra_overrides), scheduler.client() as client:
+    with (_services(args, signals, handover) as (scheduler, extra_overrides),
+          scheduler.client() as client):
         spec = build_job_spec(args.file, [*args.overrides, *extra_overrides])
         with signals.deferred():  # a job submitted is a job whose id we know
             job = client.submit(spec, cluster_from_args(args, spec))
@@ -137,8 +164,8 @@ def _cancel(client: SchedulerClient, job_id: str) -> scheduler_pb2.Job:
 
 
 @contextlib.contextmanager
-def _services(args: argparse.Namespace,
-              signals: SignalLatch) -> Iterator[tuple[SchedulerEndpoint, list[str]]]:
+def _services(args: argparse.Namespace, signals: SignalLatch,
+              handover: dict[str, str]) -> Iterator[tuple[SchedulerEndpoint, list[str]]]:
     """The scheduler (address and token) and the overrides that point the job at the local
     services. Once the block ends, signals no longer interrupt: the services are always stopped."""
     if args.scheduler:
@@ -149,22 +176,23 @@ def _services(args: argparse.Namespace,
         return
     with contextlib.ExitStack() as stack:
         try:
-            yield _start_services(args, stack)
+            yield _start_services(args, stack, handover)
         finally:
             signals.quiet()  # before the stack stops anything
 
 
-def _start_services(args: argparse.Namespace,
-                    stack: contextlib.ExitStack) -> tuple[SchedulerEndpoint, list[str]]:
+def _start_services(args: argparse.Namespace, stack: contextlib.ExitStack,
+                    handover: dict[str, str]) -> tuple[SchedulerEndpoint, list[str]]:
     """Redis (unless --redis-url), the metrics service (unless --no-tracing) and the
-    scheduler, each stopped by `stack`, and by a guardian should this process be killed
-    (SIGKILL) before it stops them (`dagrl.local.guardian`)."""
+    scheduler (its environment, and so its driver's, with `handover`), each stopped by
+    `stack`, and by a guardian should this process be killed (SIGKILL) before it stops them
+    (`dagrl.local.guardian`)."""
     guardian = stack.enter_context(Guardian())
     redis_url = args.redis_url or _start_redis(stack, guardian)
     log_dir = Path(args.log_dir).resolve()
     log_dir.mkdir(parents=True, exist_ok=True)
     overrides = [f"services.redis_url={redis_url}"]
-    env = {}
+    env = dict(handover)
     if not args.no_tracing:
         endpoint, page = stack.enter_context(_embedded_metrics(log_dir, guardian))
         overrides.append(f"services.metrics_endpoint={endpoint}")

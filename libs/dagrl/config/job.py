@@ -74,10 +74,11 @@ class ModelConfig:
     lora_alpha: int = option(16, "LoRA scaling numerator: adapters scale by lora_alpha / lora_rank")
     target_modules: str | tuple[str, ...] = option(
         "all-linear", "layers that get adapters: 'all-linear' or names such as [q_proj, v_proj]")
-    attn_implementation: Literal["sdpa", "flash_attention_2", "eager"] = option(
-        "sdpa", "attention kernel: sdpa (torch's fused attention, CPU and GPU), "
+    attn_implementation: Literal["auto", "sdpa", "flash_attention_2", "eager"] = option(
+        "auto", "attention kernel: sdpa (torch's fused attention, CPU and GPU), "
         "flash_attention_2 (GPU, needs flash-attn; padding-free forwards take its "
-        "variable-length path) or eager")
+        "variable-length path) or eager (plain matmuls). auto: sdpa on GPU ranks, eager on "
+        "CPU, where sdpa's fused backward is the slower one (bench/update_switches.py)")
 
     def check(self) -> list[str]:
         problems = []
@@ -103,6 +104,9 @@ class OptimConfig:
     lr_scheduler: LRSchedule = option("constant", "schedule after warmup")
     min_lr_ratio: float = option(0.0, "cosine floor as a fraction of lr")
     grad_clip: float = option(1.0, "max global grad norm; <= 0 disables clipping")
+    fused: bool = option(
+        True, "AdamW's fused kernel (one pass over each parameter's state, CPU and GPU) "
+        "instead of the per-tensor-list one; the same update within float rounding")
 
     def check(self) -> list[str]:
         problems = []
@@ -124,6 +128,11 @@ class MixedPrecisionConfig:
         "auto: bfloat16 on GPU ranks, float32 on CPU")
     reduce_dtype: Literal["float32", "bfloat16"] = option(
         "float32", "dtype of the gradient all-reduce across data-parallel ranks (FSDP2)")
+    cast_weights_once: bool = option(
+        True, "autocast (one rank, DDP): cast each fp32 weight to param_dtype once per "
+        "optimizer step and keep the cast for all of the step's micro-batches (a forward-only "
+        "pass always casts once); false: once per micro-batch. FSDP2's policy casts as it "
+        "all-gathers either way")
 
 
 @dataclass(frozen=True)

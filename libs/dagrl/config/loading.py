@@ -16,7 +16,7 @@ from typing import Any
 from dagrl.config.job import JobConfig
 from dagrl.config.typed import build
 from dagrl.errors import ConfigError, YamlInputError
-from dagrl.safe_yaml import MAX_DEPTH, load_yaml
+from dagrl.safe_yaml import MAX_DEPTH, check_characters, load_yaml
 
 MAX_OVERRIDES = 1000  # each is parsed on its own; a request must not ask for millions
 
@@ -62,6 +62,11 @@ def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[s
             continue
         if key.count(".") >= MAX_DEPTH:
             problems.append(f"override {key[:40]!r}...: more than {MAX_DEPTH} dotted levels")
+            continue
+        try:
+            check_characters(override)  # else the fallback below would keep such a value
+        except YamlInputError as exc:
+            problems.append(f"override {override!r}: {exc}")
             continue
         try:
             value = load_yaml(raw) if raw.strip() else ""

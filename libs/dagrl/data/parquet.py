@@ -1,9 +1,9 @@
 """Dataset files: records to and from parquet, and writing a synthetic train/val pair.
 
 Owns the on-disk format (one parquet file per split, one row per record, the columns verl uses)
-and its validation: a missing file, an unreadable file or a missing required column raises
-DatasetError naming the file and the column. Turning records into token ids is
-`dagrl.data.prompt_dataset`'s job.
+and its validation: a missing file, an unreadable file, a missing required column or text that
+is not UTF-8 raises DatasetError naming the file (and the row and column). Turning records
+into token ids is `dagrl.data.prompt_dataset`'s job.
 
 verl's layout is read as it is: its GSM8K/MATH files keep the answer in a struct column
 `reward_model` (`{ground_truth, style}`) beside `ability`, `data_source`, `prompt` and
@@ -79,7 +79,7 @@ def read_parquet(
         raise DatasetError(
             f"dataset file {source} is not a readable parquet file: {error}"
         ) from error
-    records = table.to_pylist()
+    records = _records(table, source)
     columns = table.column_names
     if "ground_truth" not in columns and VERL_REWARD_COLUMN in columns:
         records = [_with_verl_ground_truth(r, i, source) for i, r in enumerate(records)]
@@ -92,6 +92,35 @@ def read_parquet(
             f"the answer in `{VERL_REWARD_COLUMN}.ground_truth`, is read as well)."
         )
     return records
+
+
+def _records(table: pa.Table, source: Path) -> list[Record]:
+    """The table's rows as dicts. Text that is not UTF-8 (pyarrow does not check it when it
+    reads a file) is a DatasetError naming the row and the column, not a bare
+    UnicodeDecodeError from inside pyarrow."""
+    try:
+        return table.to_pylist()
+    except UnicodeDecodeError as error:
+        raise DatasetError(_where_not_utf8(table, source) + f" ({error.reason}); write the "
+                           "file's text as UTF-8") from error
+
+
+def _where_not_utf8(table: pa.Table, source: Path) -> str:
+    """Which row and column hold the text that does not decode (the slow search runs only
+    once a decode has failed)."""
+    for name in table.column_names:
+        column = table.column(name)
+        try:
+            column.to_pylist()
+            continue
+        except UnicodeDecodeError:
+            pass
+        for row in range(len(column)):
+            try:
+                column[row].as_py()
+            except UnicodeDecodeError:
+                return f"row {row} of {source}, column {name!r}: its text is not valid UTF-8"
+    return f"dataset file {source}: some text is not valid UTF-8"
 
 
 def _with_verl_ground_truth(record: Record, row: int, source: Path) -> Record:

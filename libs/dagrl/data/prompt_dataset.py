@@ -4,11 +4,18 @@ Owns reading one or more dataset files, checking each record's prompt, rendering
 tokenizer's chat template (with the assistant header, as the policy will see it) and enforcing
 `max_prompt_length`. Everything is tokenised once, up front: synthetic and RL prompt sets are
 small. Batching and resumable order are `dagrl.data.loader`'s job.
+
+A huge prompt is not tokenised whole only to learn that it is too long (`fit_prompt`): a 10 MB
+prompt took 23 s to tokenise before the length check refused it. The pre-flight of `dagrl run`
+(`dagrl.data.job_files`) builds this dataset too, collecting every row's problem instead of
+raising the first, so the rules here are the workers' and the pre-flight's alike.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,9 +29,41 @@ from dagrl.models.tokenizer import encode_chat_prompt
 # What to do with a prompt longer than max_prompt_length.
 Overlong = Literal["error", "truncate_left", "filter"]
 _OVERLONG_CHOICES = ("error", "truncate_left", "filter")
+# data.truncation -> what PromptDataset does with an over-long prompt
+OVERLONG_BY_TRUNCATION: dict[str, Overlong] = {
+    "error": "error", "left": "truncate_left", "right": "filter"}
 
 # One dataset row: prompt_ids, ground_truth, data_source, index, extra_info.
 PromptRow = dict[str, Any]
+
+# A huge prompt is tokenised only in a window of its text at the end (`fit_prompt`). Tokens of
+# common tokenizers (BPE, unigram, char-level) cover a few characters each, rarely more than
+# CHARS_PER_TOKEN; the first CUT_MARGIN_TOKENS tokens of the window may differ from the whole
+# text's (the cut may split a word), the rest are the whole text's own last tokens. When a
+# window holds fewer tokens than that (tokens longer than CHARS_PER_TOKEN), the whole prompt is
+# tokenised: slow, never wrong.
+CHARS_PER_TOKEN = 16
+CUT_MARGIN_TOKENS = 64
+
+log = logging.getLogger("dagrl.data")
+
+
+@dataclass(frozen=True)
+class PromptFit:
+    """A chat prompt's token ids against `max_prompt_length`."""
+
+    ids: list[int]  # all of them when it fits, else its last max_prompt_length tokens
+    tokens: int  # its length in tokens; when `is_exact` is False, a lower bound
+    is_exact: bool  # False: only the window at its end was tokenised (a huge prompt)
+    max_prompt_length: int
+
+    @property
+    def is_overlong(self) -> bool:
+        return self.tokens > self.max_prompt_length
+
+    def describe(self) -> str:
+        """Its length in words: "N tokens", or "more than N tokens" when only bounded."""
+        return f"{self.tokens} tokens" if self.is_exact else f"more than {self.tokens} tokens"
 
 
 class PromptDataset:
@@ -32,9 +71,11 @@ class PromptDataset:
 
     `overlong` decides what happens to a prompt over `max_prompt_length` tokens: "error" raises
     DatasetError naming the file and row, "truncate_left" keeps the last `max_prompt_length`
-    tokens (the assistant header survives), "filter" drops the row and counts it in
-    `num_filtered`. A row's `index` is its `extra_info["index"]` when set, else its position.
-    `prompt_key` names the column holding the chat messages (`data.prompt_key`; verl's name).
+    tokens (the assistant header survives) and counts it in `num_truncated`, "filter" drops the
+    row and counts it in `num_filtered`. A row's `index` is its `extra_info["index"]` when set,
+    else its position. `prompt_key` names the column holding the chat messages
+    (`data.prompt_key`; verl's name). With a `problems` list, a row's problem is appended there
+    and the row left out instead of raising (the pre-flight lists every one).
     """
 
     def __init__(
@@ -44,6 +85,7 @@ class PromptDataset:
         max_prompt_length: int,
         overlong: Overlong = "error",
         prompt_key: str = "prompt",
+        problems: list[str] | None = None,
     ) -> None:
         if max_prompt_length < 1:
             raise DatasetError(f"max_prompt_length={max_prompt_length}; use 1 or more tokens")
@@ -53,16 +95,22 @@ class PromptDataset:
         self.overlong = overlong
         self.prompt_key = prompt_key
         self.num_filtered = 0
+        self.num_truncated = 0
         paths = [files] if isinstance(files, (str, Path)) else list(files)
         self._rows: list[PromptRow] = []
         for path in paths:
             columns = (prompt_key, *(c for c in REQUIRED_COLUMNS if c != "prompt"))
             for position, record in enumerate(read_parquet(path, columns)):
-                row = self._encode(tokenizer, record, position, f"row {position} of {path}")
-                if row is None:
-                    self.num_filtered += 1
-                else:
-                    self._rows.append(row)
+                try:
+                    self._add(tokenizer, record, position, f"row {position} of {path}")
+                except DatasetError as exc:
+                    if problems is None:
+                        raise
+                    problems.append(str(exc))
+        if self.num_truncated or self.num_filtered:
+            log.warning("%d prompt(s) over max_prompt_length=%d: %d cut to their last tokens, "
+                        "%d dropped", self.num_truncated + self.num_filtered, max_prompt_length,
+                        self.num_truncated, self.num_filtered)
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -70,41 +118,72 @@ class PromptDataset:
     def __getitem__(self, i: int) -> PromptRow:
         return self._rows[i]
 
-    def _encode(
+    def _add(
         self, tokenizer: PreTrainedTokenizerBase, record: Record, position: int, where: str
-    ) -> PromptRow | None:
-        messages = _checked_messages(record[self.prompt_key], f"{where} ({self.prompt_key!r})")
-        prompt_ids = encode_chat_prompt(tokenizer, messages)
-        if len(prompt_ids) > self.max_prompt_length:
-            if self.overlong == "filter":
-                return None
+    ) -> None:
+        messages = record_messages(record, self.prompt_key, where)
+        fit = fit_prompt(tokenizer, messages, self.max_prompt_length)
+        if fit.is_overlong:
             if self.overlong == "error":
-                raise DatasetError(
-                    f"prompt at {where} is {len(prompt_ids)} tokens, over max_prompt_length="
-                    f"{self.max_prompt_length}; raise data.max_prompt_length, or set "
-                    "data.truncation to 'left' (keep the prompt's last tokens) or 'right' (drop "
-                    "such prompts)"
-                )
-            prompt_ids = prompt_ids[-self.max_prompt_length :]
-        return {
-            "prompt_ids": prompt_ids,
+                raise DatasetError(overlong_message(fit, where))
+            if self.overlong == "filter":
+                self.num_filtered += 1
+                return
+            self.num_truncated += 1
+        self._rows.append({
+            "prompt_ids": fit.ids,
             "prompt": messages,  # the chat messages themselves: what an agent program reads
             "ground_truth": record["ground_truth"],
             "data_source": record["data_source"],
             "index": _row_index(record, position),
             "extra_info": record.get("extra_info") or {},
-        }
+        })
 
 
-def _checked_messages(prompt: Any, where: str) -> list[dict[str, str]]:
+def overlong_message(fit: PromptFit, where: str) -> str:
+    return (f"prompt at {where} is {fit.describe()}, over max_prompt_length="
+            f"{fit.max_prompt_length}; raise data.max_prompt_length, or set data.truncation to "
+            "'left' (keep the prompt's last tokens) or 'right' (drop such prompts)")
+
+
+def fit_prompt(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], max_prompt_length: int
+) -> PromptFit:
+    """`messages` in the chat template (`encode_chat_prompt`), against `max_prompt_length`.
+
+    A prompt whose text is longer than the window (`CHARS_PER_TOKEN` characters for each of
+    max_prompt_length + CUT_MARGIN_TOKENS tokens) is tokenised in that window at its end only:
+    if the window alone holds more than max_prompt_length tokens past the margin, so does the
+    whole prompt, and its last tokens are the window's. Otherwise it is tokenised whole.
+    """
+    window = (max_prompt_length + CUT_MARGIN_TOKENS) * CHARS_PER_TOKEN
+    if sum(len(m["content"]) for m in messages) <= window:
+        ids = encode_chat_prompt(tokenizer, messages)
+        return PromptFit(ids[-max_prompt_length:], len(ids), True, max_prompt_length)
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    # tokenised as encode_chat_prompt does: special tokens from the template only
+    tail = list(tokenizer(str(text)[-window:], add_special_tokens=False)["input_ids"])
+    past_margin = len(tail) - CUT_MARGIN_TOKENS
+    if past_margin > max_prompt_length:
+        return PromptFit(tail[-max_prompt_length:], past_margin, False, max_prompt_length)
+    ids = encode_chat_prompt(tokenizer, messages)  # long tokens: count them all
+    return PromptFit(ids[-max_prompt_length:], len(ids), True, max_prompt_length)
+
+
+def record_messages(record: Record, prompt_key: str, where: str) -> list[dict[str, str]]:
+    """The chat messages of `record`'s `prompt_key` column; DatasetError naming the row, the
+    file and the column when they are not a non-empty list of {role, content} strings."""
+    prompt = record[prompt_key]
     is_messages = isinstance(prompt, list) and all(
         isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
         for m in prompt
     )
     if not is_messages or not prompt:
+        shown = repr(prompt)
+        shown = shown if len(shown) <= 200 else f"{shown[:200]}... ({len(shown)} characters)"
         raise DatasetError(
-            f"prompt at {where} is {prompt!r}; it must be a non-empty list of chat messages "
-            "like [{'role': 'user', 'content': '12+34='}]"
+            f"prompt at {where} ({prompt_key!r}) is {shown}; it must be a non-empty list of "
+            "chat messages like [{'role': 'user', 'content': '12+34='}]"
         )
     return [{"role": m["role"], "content": m["content"]} for m in prompt]
 

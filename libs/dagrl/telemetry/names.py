@@ -76,6 +76,10 @@ KEY_TOKENS_TRAINED: Final = "tokens/trained"  # response tokens x actor epochs (
 KEY_RESPONSE_LENGTH_MEAN: Final = "response_length/mean"  # policy tokens per sample
 KEY_RESPONSE_LENGTH_MAX: Final = "response_length/max"
 KEY_RESPONSE_LENGTH_CLIP_RATIO: Final = "response_length/clip_ratio"  # share at max length
+# data: training prompts over data.max_prompt_length (job-wide counts, in each step's metrics
+# once there is one: nothing else in a step says that prompts were cut or left out)
+KEY_DATA_TRUNCATED_PROMPTS: Final = "data/truncated_prompts"  # cut to their last tokens (left)
+KEY_DATA_DROPPED_PROMPTS: Final = "data/dropped_prompts"  # left out (data.truncation=right)
 KEY_NUM_TURNS_MEAN: Final = "num_turns/mean"  # multi-turn: assistant turns per episode
 KEY_NUM_TURNS_MAX: Final = "num_turns/max"
 KEY_TOOL_CALLS: Final = "tool/calls"  # sum over episodes (env info TOOL_CALLS)

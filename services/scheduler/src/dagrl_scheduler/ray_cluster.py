@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dagrl.config import JobConfig
+from dagrl.device_rules import DeviceFacts, check_devices
 from dagrl.errors import FailedPreconditionError
 from dagrl.ray_nodes import LABEL_DEVICE_KIND, LABEL_MACHINE, RayNode, live_nodes
 from dagrl_scheduler.planning import Cluster, ClusterNode
@@ -105,7 +106,10 @@ def _wait_reachable(host: str, port: int, address: str, hint: str, reach_s: floa
 
 
 def cluster_from_ray(nodes: Sequence[RayNode], config: JobConfig) -> Cluster:
-    """The job's `trainer.nnodes` x `trainer.n_ranks_per_node` machines, each a live node."""
+    """The job's `trainer.nnodes` x `trainer.n_ranks_per_node` machines, each a live node.
+    Settings the cluster's devices cannot run (`trainer.device=cuda` without a GPU in it,
+    `dagrl.device_rules`) are a ConfigError naming the key, before the capacity check."""
+    check_devices(config, DeviceFacts(int(sum(n.gpus for n in nodes)), "the Ray cluster"))
     trainer = config.trainer
     use_gpu = trainer.device == "cuda" or (trainer.device == "auto"
                                            and any(n.gpus > 0 for n in nodes))

@@ -68,7 +68,8 @@ def _load_value_model(path: str, model: ModelConfig, device: torch.device) -> An
 
 def _engine_options(fsdp: FSDPConfig, strategy: Strategy, device: RankDevice) -> EngineOptions:
     return EngineOptions(strategy, Precision.of(fsdp), fsdp.param_offload,
-                         fsdp.optimizer_offload, device.device)
+                         fsdp.optimizer_offload, device.device,
+                         fsdp.mixed_precision.cast_weights_once)
 
 
 def _is_sharded(options: EngineOptions, dp: DataParallel) -> bool:

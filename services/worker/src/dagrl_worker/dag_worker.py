@@ -139,6 +139,7 @@ class DAGWorker:
         sink = parts.policy.take_pending()  # from calls between steps
         started = time.perf_counter()
         global_prompts = parts.prompts.next_batch()
+        parts.prompts.record_overlong(sink)
         parts.checkpointer.note_loader(step)
         ctx = parts.runner.step_context(step, sink)
         with telemetry.step_span(step, self.spec.job_id, parent=trace) as span:

@@ -6,9 +6,10 @@ and plan from the job store (`dagrl.jobs`), reports progress there each step, an
 final state.
 
 Life of a job here, one part per job:
-1. for the job's whole life the driver holds the run folder's lock (`run_lock`): a second
-   live job with the same folder fails at start instead of sharing its checkpoints and
-   metrics; a `Tracker` writes the run's metrics, telemetry its traces;
+1. for the job's whole life the driver holds the run folder's lock (`dagrl.run_lock`; shared
+   with the `dagrl run` that launched it, if one did): a second live job with the same folder
+   fails at start instead of sharing its checkpoints and metrics; a `Tracker` writes the run's
+   metrics, telemetry its traces;
 2. each attempt starts a `WorkerGroup` (`worker_group`): placement on the plan's machines,
    one databuffer Redis per machine when asked, one `DAGWorkerActor` per rank, rendezvous;
 3. a training loop (`training_loop`) steps the group: `SynchronousLoop`, or with
@@ -30,12 +31,12 @@ from ray.exceptions import RayError
 
 from dagrl import metrics_file, telemetry
 from dagrl.jobs import JobState, JobStore
+from dagrl.run_lock import RunLock, handed_over_token
 from dagrl_worker.async_training.pipeline import Pipeline
 from dagrl_worker.async_training.rank_sides import rank_sides
 from dagrl_worker.job_progress import JobCancelled, JobOutcome, JobProgress
 from dagrl_worker.placement import PlacementError
 from dagrl_worker.restart_policy import RestartPolicy
-from dagrl_worker.run_lock import RunLock
 from dagrl_worker.spec import WorkerSpec
 from dagrl_worker.step_metrics import StepRecorder
 from dagrl_worker.tracking import Tracker
@@ -52,7 +53,8 @@ class Driver:
         self.outcome = JobOutcome(JobState.RUNNING)
         self.progress = JobProgress(store, spec.job_id, self.outcome)
         self.group = WorkerGroup(spec, self.config)  # the current attempt's ranks
-        self.run_lock = RunLock(Path(spec.checkpoint_dir), spec.job_id).acquire()
+        self.run_lock = RunLock(Path(spec.checkpoint_dir), f"job {spec.job_id}").acquire(
+            handover=handed_over_token())
         try:
             run_dir = Path(spec.checkpoint_dir) / metrics_file.RUN_SUBDIR
             self.tracker = Tracker(self.config, run_dir, spec.job_id)

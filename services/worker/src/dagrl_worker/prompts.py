@@ -15,17 +15,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from dagrl import telemetry
 from dagrl.batch import GROUP_ID, UID, Batch
 from dagrl.batch import schema as fields
 from dagrl.config import JobConfig
 from dagrl.data import PromptDataset, StatefulPromptLoader
 from dagrl.data.job_files import too_few_prompts
-from dagrl.data.prompt_dataset import Overlong
+from dagrl.data.prompt_dataset import OVERLONG_BY_TRUNCATION
 from dagrl.errors import DatasetError
+from dagrl_worker.metrics import MetricSink, Reduce
 
 PromptRows = dict[str, list[Any]]
 
-_OVERLONG: dict[str, Overlong] = {"error": "error", "left": "truncate_left", "right": "filter"}
 # the loader's saved settings -> the job keys that set them
 _LOADER_KEYS = {"batch_size": "data.train_batch_size", "seed": "data.seed",
                 "shuffle": "data.shuffle",
@@ -69,7 +70,7 @@ class PromptSource:
         if not data.train_files:
             raise DatasetError("data.train_files is empty: point it at parquet files with "
                                "prompt, ground_truth and data_source columns")
-        overlong = _OVERLONG[data.truncation]
+        overlong = OVERLONG_BY_TRUNCATION[data.truncation]
         self.train = PromptDataset(list(data.train_files), tokenizer, data.max_prompt_length,
                                    overlong=overlong, prompt_key=data.prompt_key)
         self.val = (PromptDataset(list(data.val_files), tokenizer, data.max_prompt_length,
@@ -83,6 +84,14 @@ class PromptSource:
                                            shuffle=data.shuffle, seed=data.seed)
         self._iterator: Any = None
         self.seed = data.seed
+
+    def record_overlong(self, sink: MetricSink) -> None:
+        """How many training prompts `data.truncation` cut or left out, when any: a step's
+        metrics say so (the counts are the dataset's, the same each step)."""
+        for name, count in ((telemetry.KEY_DATA_TRUNCATED_PROMPTS, self.train.num_truncated),
+                            (telemetry.KEY_DATA_DROPPED_PROMPTS, self.train.num_filtered)):
+            if count:
+                sink.add(name, float(count), Reduce.MAX)
 
     @property
     def batches_per_epoch(self) -> int:

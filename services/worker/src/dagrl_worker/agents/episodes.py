@@ -1,11 +1,14 @@
 """Agent episodes: the user's program run once per sample against the endpoint, and the
 training rows its sessions become.
 
-Owns running episodes (`run_episodes`: one session and one `openai.AsyncOpenAI` client per
-episode, at most `max_concurrent` at once, each cancelled at `timeout_s`) and laying out
-what they recorded (`episodes_to_batch`). An episode whose program raised, timed out or
-returned something other than a number or None is *failed*: none of its calls are trained
-and it is counted, never scored as zero. Each sequence of a finished episode (see
+Owns running episodes (`run_episodes`: one session per episode, at most `max_concurrent` at
+once, each program on a thread of its own (`agent_thread.py`) so that one that blocks stalls
+neither the endpoint nor the other episodes, each ended at `timeout_s` whatever it does), what
+a program's return value scores (`episode_reward`), and laying out what they recorded
+(`episodes_to_batch`). An episode whose program raised, timed out or returned something other
+than a finite real number or None is *failed*: none of its calls are trained and it is
+counted, never scored as zero. So is one whose return disagrees with most of its step's
+(`leave_out_odd_rewards`). Each sequence of a finished episode (see
 `sessions.py`) is one row, with the single-turn rollout layout (`rollout/base.py`): its first
 prompt left-padded, then every token after it in `responses`, `response_mask` 1 on sampled
 tokens only, their `rollout_log_probs`, `rollout_version` (the oldest policy version among
@@ -13,7 +16,7 @@ its calls), `num_turns` (its calls) and, when the program returned a reward,
 `token_level_scores` (that reward on the last sampled token). The first sequence keeps the
 sample's uid; the k-th more gets `<uid>#k`, all in the sample's group.
 
-`openai` is imported where an episode runs (`run_episodes`), not with this module: the
+`openai` is imported where an episode runs (`agent_thread.py`), not with this module: the
 executor table imports it on every rank, and a machine without openai (the borrowed GPU
 machine of scripts/gpu_check.py) trains every workflow but the agent one.
 """
@@ -21,27 +24,25 @@ machine of scripts/gpu_check.py) trains every workflow but the agent one.
 from __future__ import annotations
 
 import asyncio
+import copy
 import math
+import numbers
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy
 import torch
 
 from dagrl.batch import UID, Batch
 from dagrl.batch import schema as fields
+from dagrl_worker.agents.agent_thread import AgentFn, ClientSpec, run_agent
 from dagrl_worker.agents.gateway import Gateway
 from dagrl_worker.agents.sessions import Sequence, Session
 from dagrl_worker.async_training.staleness import ROLLOUT_VERSION
 from dagrl_worker.prompts import prompts_to_batch
 from dagrl_worker.rollout.multiturn import Episode
 from dagrl_worker.rollout.multiturn import episodes_to_batch as turns_to_batch
-
-if TYPE_CHECKING:
-    import openai
-
-AgentFn = Callable[["openai.AsyncOpenAI", dict[str, Any]], Awaitable[Any]]
 
 
 @dataclass
@@ -59,38 +60,29 @@ class EpisodeOutcome:
 
 async def run_episodes(agent: AgentFn, samples: list[dict[str, Any]], gateway: Gateway,
                        timeout_s: float, max_concurrent: int) -> list[EpisodeOutcome]:
-    """Every sample's episode, concurrently (at most `max_concurrent`); in samples' order."""
-    import openai
-
+    """Every sample's episode, concurrently (at most `max_concurrent`); in samples' order.
+    An episode takes at most `timeout_s` of its slot, whatever its program does."""
     gate = asyncio.Semaphore(max_concurrent)
-    # one connection pool for every episode's client: a pool of its own per client costs
-    # ~30 ms each (it loads the TLS trust store, even for plain HTTP on loopback). aiohttp's
-    # pool, not httpx's: httpx scans every connection on each request (a readability syscall
-    # per idle one), quadratic in concurrent episodes: 128 episodes' run took 0.91 s, 0.62 s
-    # on aiohttp (bench/agent_gateway.py)
-    http = openai.DefaultAioHttpClient()
 
     async def episode(sample: dict[str, Any]) -> EpisodeOutcome:
         async with gate:
-            return await run_episode(agent, sample, gateway, timeout_s, http)
-    try:
-        return list(await asyncio.gather(*(episode(s) for s in samples)))
-    finally:
-        await http.aclose()
+            return await run_episode(agent, sample, gateway, timeout_s)
+    outcomes = list(await asyncio.gather(*(episode(s) for s in samples)))
+    leave_out_odd_rewards(outcomes)
+    return outcomes
 
 
 async def run_episode(agent: AgentFn, sample: dict[str, Any], gateway: Gateway,
-                      timeout_s: float, http: Any) -> EpisodeOutcome:
-    """One episode, its client on the shared connection pool `http` (left open)."""
-    import openai
-
+                      timeout_s: float) -> EpisodeOutcome:
+    """One episode, its program on a thread of its own (`agent_thread.run_agent`), given a
+    copy of `sample` (a program left running past its timeout cannot reach the batch)."""
     session = gateway.sessions.open(name=str(sample[UID]) if UID in sample else None)
     outcome = EpisodeOutcome(session)
-    client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key=session.key,
-                                max_retries=0, timeout=timeout_s, http_client=http)
+    client = ClientSpec(gateway.base_url, session.key, timeout_s)
     started = time.perf_counter()
     try:
-        outcome.reward = _reward(await asyncio.wait_for(agent(client, dict(sample)), timeout_s))
+        outcome.reward = episode_reward(
+            await run_agent(agent, client, copy.deepcopy(sample), timeout_s))
     except TimeoutError:
         outcome.timed_out = True
         outcome.error = f"TimeoutError: the episode ran past {timeout_s} s " \
@@ -99,18 +91,43 @@ async def run_episode(agent: AgentFn, sample: dict[str, Any], gateway: Gateway,
         outcome.error = f"{type(exc).__name__}: {exc}"
     finally:
         outcome.seconds = time.perf_counter() - started
-        gateway.sessions.close(session)
+        gateway.sessions.close(session)  # a program still running gets 401 from now on
     return outcome
 
 
-def _reward(value: Any) -> float | None:
+def episode_reward(value: Any) -> float | None:
+    """What a program's return value scores: None (the REWARD node scores the answer) or a
+    finite real number (`numbers.Real`: int, float, numpy's scalars, Fraction) as a float.
+    Anything else is a TypeError that fails the episode, a bool included: a flag returned
+    where a reward belongs is more often a slip than a choice, and `1.0 if ok else 0.0`
+    says it."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
-            value):
-        raise TypeError(f"the agent returned {value!r}; it must return a finite number (the "
-                        "episode's reward) or None (the REWARD node scores the answer)")
-    return float(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    hint = "; for a bool, return 1.0 if ... else 0.0" if isinstance(value, bool | numpy.bool_) \
+        else ""
+    raise TypeError(f"the agent returned {value!r}; it must return a finite real number (the "
+                    f"episode's reward) or None (the REWARD node scores the answer){hint}")
+
+
+def leave_out_odd_rewards(outcomes: list[EpisodeOutcome]) -> None:
+    """A step's programs all score (return a number) or all leave the score to the REWARD
+    node (return None). When its finished episodes disagree, the kind fewer of them returned
+    (on a tie, None) is failed, and left out and counted as a raised error is: a None among
+    numbers is most often a branch without a `return`."""
+    finished = [o for o in outcomes if not o.failed]
+    scored = [o for o in finished if o.reward is not None]
+    unscored = [o for o in finished if o.reward is None]
+    if not scored or not unscored:
+        return
+    odd, most = (unscored, scored) if len(scored) >= len(unscored) else (scored, unscored)
+    kinds = ("None", "a number") if odd is unscored else ("a number", "None")
+    for outcome in odd:
+        outcome.reward = None
+        outcome.error = (f"TypeError: the agent returned {kinds[0]} where {len(most)} of the "
+                         f"step's {len(finished)} finished episodes returned {kinds[1]}; "
+                         "return a number from every episode, or None from every one")
 
 
 def episodes_to_batch(samples: Batch, outcomes: list[EpisodeOutcome], pad_token_id: int,
@@ -118,8 +135,8 @@ def episodes_to_batch(samples: Batch, outcomes: list[EpisodeOutcome], pad_token_
     """The rows of every finished episode's sequences (module docstring), R = `width`."""
     rewarded = [o.reward is not None for o in outcomes if not o.failed]
     if any(rewarded) and not all(rewarded):
-        raise TypeError("the agent returned a reward for some episodes and None for others; "
-                        "return a number from every episode, or None from every one")
+        raise ValueError("finished episodes with a reward and without one: run_episodes "
+                         "leaves the odd ones out (leave_out_odd_rewards), so this is a bug")
     picks = [(i, k, seq) for i, o in enumerate(outcomes) if not o.failed
              for k, seq in enumerate(s for s in o.session.sequences if s.sampled_tokens)]
     rows = samples.select([i for i, _, _ in picks])

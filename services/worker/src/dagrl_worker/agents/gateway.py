@@ -1,8 +1,9 @@
 """The OpenAI-compatible endpoint of an agent rollout: aiohttp on 127.0.0.1, a random port.
 
 Owns the HTTP side: routes (`POST /v1/chat/completions`, `POST /v1/completions`,
-`GET /v1/models`), the bearer-key check (every route, `sessions.SessionRegistry`), the body
-size limit, and turning each call into tokens, one generation request and a recorded call.
+`GET /v1/models`), the bearer-key check (every route, `sessions.SessionRegistry`, on the
+headers before the body), the body size limit, a stop bounded by `STOP_GRACE_S`, and turning
+each call into tokens, one generation request and a recorded call.
 What a request may say is `protocol.py`'s, templates and stop strings `rendering.py`'s,
 batching `batcher.py`'s, and stitching `sessions.py`'s. It binds loopback only: agent programs
 run on the same rank (SECURITY.md).
@@ -11,6 +12,7 @@ run on the same rank (SECURITY.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import replace
 from typing import Any
@@ -34,6 +36,9 @@ from dagrl_worker.agents.rendering import ChatTail, CompletionTail, Prompt, Rend
 from dagrl_worker.agents.sessions import Sequence, Session, SessionRegistry
 
 HOST = "127.0.0.1"
+# what `stop()` waits for a call still in flight (a request half sent, a generation not
+# answered) before cancelling it; without it aiohttp waits 60 s and the rollout's end with it
+STOP_GRACE_S = 1.0
 _SESSION = web.RequestKey("session", Session)
 
 
@@ -60,7 +65,7 @@ class Gateway:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=STOP_GRACE_S)
         await self._runner.setup()
         site = web.TCPSite(self._runner, HOST, 0)
         await site.start()
@@ -78,16 +83,17 @@ class Gateway:
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        """The key check, and every refusal as an OpenAI error body."""
+        """The key check (on the headers, before any of the body is read), and every refusal
+        as an OpenAI error body."""
+        header = request.headers.get("Authorization", "")
+        session = self.sessions.get(header.removeprefix("Bearer ").strip()) \
+            if header.startswith("Bearer ") else None
+        if session is None:
+            return await _refuse_and_close(request, GatewayError(
+                401, "no valid session key: send the key this episode's client was given as "
+                     "'Authorization: Bearer <key>'", code="invalid_api_key"))
+        request[_SESSION] = session
         try:
-            header = request.headers.get("Authorization", "")
-            session = self.sessions.get(header.removeprefix("Bearer ").strip()) \
-                if header.startswith("Bearer ") else None
-            if session is None:
-                raise GatewayError(401, "no valid session key: send the key this episode's "
-                                        "client was given as 'Authorization: Bearer <key>'",
-                                   code="invalid_api_key")
-            request[_SESSION] = session
             return await handler(request)
         except GatewayError as exc:
             return web.json_response(exc.body(), status=exc.status)
@@ -162,3 +168,17 @@ class Gateway:
         else:
             left = limits.max_response_tokens - len(parent.response_ids) - len(inserted)
         return min(left, limits.max_tokens_per_call)
+
+
+async def _refuse_and_close(request: web.Request, error: GatewayError) -> web.StreamResponse:
+    """Answer `error` and close the connection at once, its body unread. aiohttp would
+    otherwise read and drop the rest of the body for up to 10 s (its lingering close), so a
+    keyless client that announces a body and never sends it would hold the connection, and
+    `stop()`, that long."""
+    response = web.json_response(error.body(), status=error.status)
+    response.force_close()
+    with contextlib.suppress(ConnectionError):  # a client gone already: aiohttp notes it
+        await response.prepare(request)
+        await response.write_eof()
+    request.protocol.force_close()
+    return response

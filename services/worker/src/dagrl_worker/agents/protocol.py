@@ -72,13 +72,29 @@ class CompletionRequest:
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
+    """The request's JSON object. An integer literal longer than `LONGEST_INTEGER` is read as a
+    float (as JavaScript reads every JSON number; `inf` past a double's range): no field takes
+    one, and the check of its field then refuses it by name, where Python's digit limit (4300)
+    would fail the decode itself. Nesting past Python's recursion limit is refused here."""
     try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        body = json.loads(raw, parse_int=_integer)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError among them
         raise GatewayError(400, f"the request body is not JSON: {exc}") from None
+    except RecursionError:
+        raise GatewayError(400, "the request body is not JSON this endpoint reads: it nests "
+                                "arrays or objects thousands deep") from None
     if not isinstance(body, dict):
         raise GatewayError(400, "the request body must be a JSON object")
     return body
+
+
+# characters: far past any integer a field takes (int64: 20), and short enough that every int
+# kept converts to a float (a double reaches 1.8e308) and costs nothing to parse
+LONGEST_INTEGER = 300
+
+
+def _integer(literal: str) -> int | float:
+    return int(literal) if len(literal) <= LONGEST_INTEGER else float(literal)
 
 
 def parse_chat(body: dict[str, Any], limits: GatewayLimits) -> ChatRequest:
@@ -101,12 +117,14 @@ def parse_chat(body: dict[str, Any], limits: GatewayLimits) -> ChatRequest:
 def parse_completion(body: dict[str, Any], limits: GatewayLimits) -> CompletionRequest:
     _check_model(body, limits)
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and prompt and all(
-            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
-        pass
-    elif not isinstance(prompt, str) or not prompt:
+    if not isinstance(prompt, (str, list)) or not prompt:
         raise GatewayError(400, "'prompt' must be a non-empty string or a list of token ids "
                                 "(one prompt per call)", param="prompt")
+    for index, token in enumerate(prompt if isinstance(prompt, list) else ()):
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise GatewayError(400, f"prompt[{index}]={abbreviate(token)} is not a token id: a "
+                                    "prompt of tokens is a list of non-negative integers",
+                               param="prompt")
     wants_logprobs = body.get("logprobs") is not None and body.get("logprobs") is not False
     return CompletionRequest(prompt, _sampling(body, limits, logprobs=wants_logprobs))
 
@@ -116,7 +134,7 @@ def _check_model(body: dict[str, Any], limits: GatewayLimits) -> None:
         raise GatewayError(400, "streaming is not supported by the training endpoint; "
                                 "call without stream", param="stream")
     if body.get("model") != limits.model_name:
-        raise GatewayError(404, f"the model {body.get('model')!r} does not exist; this "
+        raise GatewayError(404, f"the model {abbreviate(body.get('model'))} does not exist; this "
                                 f"endpoint serves {limits.model_name!r}",
                            param="model", code="model_not_found")
 
@@ -145,38 +163,53 @@ def _message(message: Any, index: int) -> dict[str, Any]:
 def _sampling(body: dict[str, Any], limits: GatewayLimits, logprobs: bool) -> Sampling:
     n = _number(body, "n", int, 1)
     if n < 1 or n > limits.max_choices:
-        raise GatewayError(400, f"n={n}: this endpoint samples 1 to {limits.max_choices} "
-                                "choices per call (agent_options.max_choices)", param="n")
-    max_tokens = _number(body, "max_completion_tokens", int, None)
-    if max_tokens is None:
-        max_tokens = _number(body, "max_tokens", int, None)
+        raise GatewayError(400, f"n={abbreviate(n)}: this endpoint samples 1 to "
+                                f"{limits.max_choices} choices per call "
+                                "(agent_options.max_choices)", param="n")
+    tokens_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
+        else "max_tokens"
+    max_tokens = _number(body, tokens_field, int, None)
     if max_tokens is not None and not 1 <= max_tokens <= limits.max_tokens_per_call:
-        raise GatewayError(400, f"max_tokens={max_tokens}: it must be 1 to "
+        raise GatewayError(400, f"{tokens_field}={abbreviate(max_tokens)}: it must be 1 to "
                                 f"{limits.max_tokens_per_call} (agent_options."
-                                "max_tokens_per_call)", param="max_tokens")
+                                "max_tokens_per_call)", param=tokens_field)
     temperature = _number(body, "temperature", float, None)
     if temperature is not None and not 0 <= temperature <= 2:
-        raise GatewayError(400, f"temperature={temperature}: it must be in [0, 2]",
+        raise GatewayError(400, f"temperature={abbreviate(temperature)}: it must be in [0, 2]",
                            param="temperature")
     top_p = _number(body, "top_p", float, None)
     if top_p is not None and not 0 < top_p <= 1:
-        raise GatewayError(400, f"top_p={top_p}: it must be in (0, 1]", param="top_p")
+        raise GatewayError(400, f"top_p={abbreviate(top_p)}: it must be in (0, 1]", param="top_p")
     stop = body.get("stop")
-    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
-    if len(stops) > 4 or not all(isinstance(s, str) and s for s in stops):
+    stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or len(stops) > 4 or not all(
+            isinstance(s, str) and s for s in stops):
         raise GatewayError(400, "'stop' must be a string or up to 4 non-empty strings",
                            param="stop")
-    return Sampling(n, max_tokens, temperature, top_p, stops, logprobs)
+    return Sampling(n, max_tokens, temperature, top_p, tuple(stops), logprobs)
 
 
-def _number(body: dict[str, Any], name: str, kind: type, default: Any) -> Any:
+def _number(body: dict[str, Any], name: str, kind: type[int] | type[float],
+            default: Any) -> Any:
+    """`body[name]` as a finite `kind` (None: `default`), else a 400 naming `name`. The value
+    is a JSON number (`parse_body`): a bounded int, or a float that may be inf or NaN."""
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            kind is int and not float(value).is_integer()) or not math.isfinite(value):
-        raise GatewayError(400, f"{name}={value!r} is not a valid {kind.__name__}", param=name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise GatewayError(400, f"{name}={abbreviate(value)} is not a number", param=name)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise GatewayError(400, f"{name}={abbreviate(value)}: it must be a finite number (a JSON "
+                                "number past a double's range reads as inf)", param=name)
+    if kind is int and isinstance(value, float) and not value.is_integer():
+        raise GatewayError(400, f"{name}={abbreviate(value)} is not an integer", param=name)
     return kind(value)
+
+
+def abbreviate(value: Any) -> str:
+    """`value` for an error message, cut short (a refused value may be kilobytes long)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:32]}... ({len(text)} characters)"
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any, cast
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
-from dagrl_worker.agents.protocol import GatewayError
+from dagrl_worker.agents.protocol import GatewayError, abbreviate
 from dagrl_worker.agents.sessions import Sequence, Session
 
 
@@ -64,6 +64,7 @@ class Renderer:
         self.tokenizer = tokenizer
         self.eos_token_id = int(tokenizer.eos_token_id)
         self.eos_text = self.decode([self.eos_token_id])
+        self.vocab_size = len(tokenizer)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
@@ -95,6 +96,8 @@ class Renderer:
         return Prompt(ids, parent, inserted, text)
 
     def completion_prompt(self, session: Session, prompt: str | list[int]) -> Prompt:
+        if isinstance(prompt, list):
+            self.check_token_ids(prompt)
         parent, inserted = session.extended(
             lambda sequence: self.completion_extension(sequence, prompt))
         text = prompt if isinstance(prompt, str) else ""
@@ -102,6 +105,15 @@ class Renderer:
             return Prompt(parent.tokens() + inserted, parent, inserted, text)
         return Prompt(list(prompt) if isinstance(prompt, list) else self.encode(prompt), None,
                       [], text)
+
+    def check_token_ids(self, ids: list[int]) -> None:
+        """Refuse ids the tokenizer does not have, before they reach a shared generation: the
+        engine's embedding lookup would fail every call batched with this one."""
+        for index, token in enumerate(ids):
+            if token >= self.vocab_size:
+                raise GatewayError(400, f"prompt[{index}]={abbreviate(token)} is not a token id "
+                                        "of this model: its vocabulary has ids 0 to "
+                                        f"{self.vocab_size - 1}", param="prompt")
 
     def chat_extension(self, sequence: Sequence, messages: list[dict[str, Any]],
                        tools: list[dict[str, Any]] | None, full: str) -> list[int] | None:

@@ -2,7 +2,8 @@
 
 Per step it starts the rank's OpenAI-compatible endpoint (`agents/gateway.py`, loopback, a
 random port, one key per episode), runs `rollout.n` episodes per prompt of the program
-concurrently (`agents/episodes.py`), stops the endpoint and returns the rows the episodes'
+concurrently (`agents/episodes.py`: each program on a thread of its own, so one that blocks
+ends at `episode_timeout_s` too), stops the endpoint and returns the rows the episodes'
 sessions stitch into (same layout as the multi-turn rollout, so losses, TIS and the mismatch
 metrics read them unchanged). Failed episodes are left out and counted (`agent/failed`,
 `agent/timeouts`; the first error is logged); a step where every episode failed is an
@@ -25,8 +26,9 @@ from dagrl.batch import schema as fields
 from dagrl.config import DataConfig
 from dagrl.envs import AgentOptions
 from dagrl.errors import ConfigError, DagrlError
+from dagrl_worker.agents.agent_thread import AgentFn
 from dagrl_worker.agents.batcher import GenerationBatcher
-from dagrl_worker.agents.episodes import AgentFn, EpisodeOutcome, episodes_to_batch, run_episodes
+from dagrl_worker.agents.episodes import EpisodeOutcome, episodes_to_batch, run_episodes
 from dagrl_worker.agents.gateway import Gateway
 from dagrl_worker.agents.protocol import GatewayLimits
 from dagrl_worker.agents.rendering import Renderer

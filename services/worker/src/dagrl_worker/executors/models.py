@@ -97,7 +97,7 @@ class ActorTrainExecutor:
                 tensors={fields.OLD_LOG_PROBS: require_rollout_log_probs(batch)})
         if self.update.correction.mode != "off":
             require_rollout_log_probs(batch)
-        update_actor(self.engine, batch, self.update, self.plan, ctx.sink)
+        update_actor(self.engine, batch, self.update, self.plan, ctx.sink, step=ctx.step)
         ctx.sink.add(telemetry.KEY_TOKENS_TRAINED, response_tokens(batch) * self.plan.epochs,
                      Reduce.SUM)
         return batch
@@ -110,5 +110,5 @@ class CriticTrainExecutor:
         self.plan = plan
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
-        update_critic(self.engine, batch, self.critic, self.plan, ctx.sink)
+        update_critic(self.engine, batch, self.critic, self.plan, ctx.sink, step=ctx.step)
         return batch

@@ -63,6 +63,8 @@ class EngineOptions:
     optimizer_offload: bool = False
     device: torch.device | None = None  # None: where the module's parameters are (set it
     # for a module built on the meta device: `training.sharded_load`)
+    cast_weights_once: bool = True  # autocast: weights cast once per optimizer step
+    # (`casts_held`), not once per micro-batch
 
 
 class TrainEngine:
@@ -128,6 +130,27 @@ class TrainEngine:
             yield
             return
         with self.precision.autocast(self.device):
+            yield
+
+    @contextlib.contextmanager
+    def casts_held(self) -> Iterator[None]:
+        """Around the micro-batches of one optimizer step: under autocast, each fp32 weight
+        is cast to the compute dtype once for all of them instead of once per micro-batch.
+
+        Autocast keeps its casts of leaf tensors that require grad until its outermost
+        context exits, so an outer autocast here holds them while each micro-batch's
+        `compute` nests inside it; autocast is switched off between the forwards, where
+        the backward runs, as autocast's documentation asks. Each micro-batch's backward
+        sends its gradient through the same cast to the fp32 weight, so the gradients are
+        the ones per-micro-batch casts give. The casts are dropped when the context exits,
+        before the optimizer changes the weights. Nothing to hold when FSDP2's policy casts
+        (as it all-gathers) or without mixed precision."""
+        if (self.is_sharded or not self.precision.is_mixed
+                or not self.options.cast_weights_once):
+            yield
+            return
+        with torch.autocast(self.device.type, dtype=self.precision.param_dtype), \
+                torch.autocast(self.device.type, enabled=False):
             yield
 
     @contextlib.contextmanager

@@ -45,6 +45,7 @@ from dagrl.config import ActorConfig, CriticConfig, RolloutCorrectionConfig
 from dagrl.errors import ConfigError
 from dagrl_worker.metrics import MetricSink, Reduce
 from dagrl_worker.training.engine import TrainEngine
+from dagrl_worker.training.finite import check_finite
 from dagrl_worker.training.forward import response_log_probs, response_values
 from dagrl_worker.training.parallel import DataParallel
 from dagrl_worker.training.token_budget import MicroBatching, scatter_rows
@@ -142,12 +143,18 @@ class MicroStep:
     loss_agg_mode: str  # what the loss scale normalises by (tokens or sequences)
     span_name: str  # each model's micro-steps are traced under a name of their own
     mfu_key: str  # the model's perf/mfu/ metric
+    # for the non-finite loss error (`training.finite`): the metric `run` records its loss
+    # under, which update it is, and the job's step (None: not known)
+    loss_key: str = ""
+    update: str = "model"
+    training_step: int | None = None
 
 
 def run_minibatches(engine: TrainEngine, rows: Batch, plan: MiniBatchPlan, step: MicroStep,
                     sink: MetricSink) -> list[float]:
     """Drive epochs x mini-batches x micro-batches; returns the grad norm of each step.
-    Reports the update's model FLOPs utilisation (`training.flops`) where the peak is known."""
+    Reports the update's model FLOPs utilisation (`training.flops`) where the peak is known.
+    A non-finite loss or gradient raises NonFiniteLossError (`training.finite`)."""
     grad_norms = []
     template, mode = rows, step.loss_agg_mode
     flops, started = 0.0, time.perf_counter()
@@ -157,31 +164,44 @@ def run_minibatches(engine: TrainEngine, rows: Batch, plan: MiniBatchPlan, step:
             global_denominator = engine.dp.sum(_denominator(mask, mode))[0]
             micros = _micro_batches(engine, mini, plan.micro)
             metrics = MicroMetrics()
-            for index, micro in enumerate(micros):
-                is_padding = micro is None or len(micro) == 0
-                host = masked_out_row(template) if micro is None or is_padding else micro
-                # counted on the host rows: no wait for the device
-                local = 0.0 if is_padding else _denominator(host.tensors[fields.RESPONSE_MASK],
-                                                            mode)
-                scale = engine.dp.size * local / max(global_denominator, 1.0)
-                batch = host.to(engine.device)  # the seam: host rows onto the device
-                with engine.accumulate(index == len(micros) - 1), telemetry.phase_span(
-                        step.span_name) as span, sink.compute():
-                    step.run(batch, scale, metrics)
-                    span.add_tokens(int(host.tensors[fields.RESPONSE_MASK].sum()))
-                    if not is_padding:
-                        micro_flops = engine.flop_counter.training(host)
-                        span.add_flops(int(micro_flops))
-                        flops += micro_flops
-                if not is_padding:
-                    record_padding(host, sink)
+            with engine.casts_held():  # the step's weights cast once for its micro-batches
+                for index, micro in enumerate(micros):
+                    flops += _micro_step(engine, micro, template, global_denominator,
+                                         index == len(micros) - 1, step, metrics, sink)
             with telemetry.phase_span(telemetry.SPAN_OPTIMIZER_STEP), sink.compute():
                 grad_norms.append(engine.optimizer_step())
             metrics.flush(sink)  # the device is idle after the step: one transfer, no wait
+            check_finite(step.update, step.training_step, sink.value(step.loss_key),
+                         grad_norms[-1])
     elapsed = time.perf_counter() - started
     if engine.peak_flops and elapsed > 0:
         sink.add(step.mfu_key, flops / (elapsed * engine.peak_flops), Reduce.MEAN)
     return grad_norms
+
+
+def _micro_step(engine: TrainEngine, micro: Batch | None, template: Batch,
+                global_denominator: float, is_last: bool, step: MicroStep,
+                metrics: MicroMetrics, sink: MetricSink) -> float:
+    """One micro-batch's forward and backward (a masked-out row where this rank has none
+    left); returns its model FLOPs."""
+    is_padding = micro is None or len(micro) == 0
+    host = masked_out_row(template) if micro is None or is_padding else micro
+    # counted on the host rows: no wait for the device
+    local = 0.0 if is_padding else _denominator(host.tensors[fields.RESPONSE_MASK],
+                                                step.loss_agg_mode)
+    scale = engine.dp.size * local / max(global_denominator, 1.0)
+    batch = host.to(engine.device)  # the seam: host rows onto the device
+    flops = 0.0
+    with engine.accumulate(is_last), telemetry.phase_span(step.span_name) as span, \
+            sink.compute():
+        step.run(batch, scale, metrics)
+        span.add_tokens(int(host.tensors[fields.RESPONSE_MASK].sum()))
+        if not is_padding:
+            flops = engine.flop_counter.training(host)
+            span.add_flops(int(flops))
+    if not is_padding:
+        record_padding(host, sink)
+    return flops
 
 
 def record_padding(batch: Batch, sink: MetricSink) -> None:
@@ -234,9 +254,10 @@ def _correction_weights(batch: Batch, old_log_probs: torch.Tensor,
 
 
 def update_actor(engine: TrainEngine, rows: Batch, update: ActorUpdate, plan: MiniBatchPlan,
-                 sink: MetricSink) -> None:
+                 sink: MetricSink, *, step: int | None = None) -> None:
     """PPO (or GSPO) policy update with optional entropy bonus, KL-to-reference loss and
-    truncated importance sampling against the rollout engine (`update.correction`).
+    truncated importance sampling against the rollout engine (`update.correction`). `step`
+    (the job's) is named should the loss go non-finite.
 
     Rows without `old_log_probs` (`executors.log_probs.old_log_probs_in_update`: one
     mini-batch, one epoch) take them from this update's own forward, detached."""
@@ -291,15 +312,15 @@ def update_actor(engine: TrainEngine, rows: Batch, update: ActorUpdate, plan: Mi
                     tokens)
         metrics.add(telemetry.KEY_ACTOR_PPO_KL, stats.ppo_kl, Reduce.MEAN, tokens)
 
-    step = MicroStep(micro_step, mode, telemetry.SPAN_ACTOR_FORWARD_BACKWARD,
-                     telemetry.KEY_MFU_ACTOR)
-    for grad_norm in run_minibatches(engine, rows, plan, step, sink):
+    micro = MicroStep(micro_step, mode, telemetry.SPAN_ACTOR_FORWARD_BACKWARD,
+                      telemetry.KEY_MFU_ACTOR, telemetry.KEY_ACTOR_PG_LOSS, "actor", step)
+    for grad_norm in run_minibatches(engine, rows, plan, micro, sink):
         sink.add(telemetry.KEY_ACTOR_GRAD_NORM, grad_norm, Reduce.MEAN)
     sink.add(telemetry.KEY_ACTOR_LR, engine.lr, Reduce.MAX)
 
 
 def update_critic(engine: TrainEngine, rows: Batch, config: CriticConfig,
-                  plan: MiniBatchPlan, sink: MetricSink) -> None:
+                  plan: MiniBatchPlan, sink: MetricSink, *, step: int | None = None) -> None:
     """PPO value-function update with value clipping around the rollout-time values."""
     mode = config.loss_agg_mode
 
@@ -316,9 +337,9 @@ def update_critic(engine: TrainEngine, rows: Batch, config: CriticConfig,
                     _denominator_tensor(batch.tensors[fields.RESPONSE_MASK], mode))
         metrics.add(telemetry.KEY_CRITIC_VF_CLIPFRAC, vf_clipfrac, Reduce.MEAN, mask.sum())
 
-    step = MicroStep(micro_step, mode, telemetry.SPAN_CRITIC_FORWARD_BACKWARD,
-                     telemetry.KEY_MFU_CRITIC)
-    for grad_norm in run_minibatches(engine, rows, plan, step, sink):
+    micro = MicroStep(micro_step, mode, telemetry.SPAN_CRITIC_FORWARD_BACKWARD,
+                      telemetry.KEY_MFU_CRITIC, telemetry.KEY_CRITIC_VF_LOSS, "critic", step)
+    for grad_norm in run_minibatches(engine, rows, plan, micro, sink):
         sink.add(telemetry.KEY_CRITIC_GRAD_NORM, grad_norm, Reduce.MEAN)
     sink.add(telemetry.KEY_CRITIC_LR, engine.lr, Reduce.MAX)
 

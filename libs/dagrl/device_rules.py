@@ -1,0 +1,136 @@
+"""Which job settings the ranks' devices can run: one home for each device rule.
+
+A rule needs facts about the machines the ranks run on (GPUs? flash-attn installed?), and each
+caller knows them for its own place, so each checks as early as it can, in the same words:
+- `dagrl run` and `dagrl config`: this machine (`local_facts`), before any service starts
+  (`dagrl run` starts its Redis, scheduler and Ray here; a `trainer.device=cuda` used to fail
+  16 s in with a Ray placement message that never named `trainer.device`);
+- the scheduler: its live Ray cluster's GPUs (`dagrl_scheduler.ray_cluster`), where it has one;
+  it cannot tell what is installed there, so the package rules are skipped (facts `None`);
+- a rank: the GPU Ray gave it and what its Python can import (`dagrl_worker.device`), again,
+  for the jobs a Driver runs without the scheduler.
+
+Rules read names and flags only (no model loads). What a rank decides for its device once it
+runs (`dagrl_worker.device.for_device`) follows `wants_gpu`, so the check and the decision agree.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+from dagrl.config import FSDPConfig, JobConfig
+from dagrl.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What the ranks' machines offer, as far as the caller can know it."""
+
+    gpus: int  # CUDA devices the ranks may use; 0: they run on CPU
+    where: str  # names the machines in messages: "this machine", "this rank", "the Ray cluster"
+    has_flash_attn: bool | None = None  # None: not known where the check runs
+    has_liger_kernel: bool | None = None
+
+
+def local_facts(where: str = "this machine") -> DeviceFacts:
+    """This process's GPUs (what torch sees: CUDA_VISIBLE_DEVICES applies) and packages."""
+    import torch  # here, not at the top: the scheduler reads its facts from Ray, not torch
+
+    return DeviceFacts(torch.cuda.device_count(), where, is_importable("flash_attn"),
+                       is_importable("liger_kernel"))
+
+
+def is_importable(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
+
+
+def wants_gpu(setting: str, gpus_available: bool) -> bool:
+    """Whether ranks run on GPUs: `trainer.device`, with auto following what is there (the
+    driver: the Ray cluster's GPUs; a rank: the GPU Ray gave it)."""
+    if setting == "cuda":
+        return True
+    return setting == "auto" and gpus_available
+
+
+def check_devices(config: JobConfig, facts: DeviceFacts, source: str | None = None) -> None:
+    """One ConfigError listing every problem `device_problems` finds."""
+    problems = device_problems(config, facts)
+    if problems:
+        raise ConfigError(problems, source=source)
+
+
+def device_problems(config: JobConfig, facts: DeviceFacts) -> list[str]:
+    """Settings the ranks' devices cannot run, each naming its key and what to change."""
+    missing_gpu = cuda_without_gpu(config.trainer.device, facts)
+    if missing_gpu:
+        return [missing_gpu]  # every other rule depends on which device the ranks get
+    on_gpu = wants_gpu(config.trainer.device, facts.gpus > 0)
+    problems = kernel_problems(config, on_gpu, facts)
+    if not on_gpu:
+        cpu_because = ("trainer.device is cpu" if config.trainer.device == "cpu"
+                       else f"{facts.where} has no GPU")
+        problems += offload_problems(config)
+        problems += float16_problems(config, cpu_because)
+    return problems
+
+
+def cuda_without_gpu(setting: str, facts: DeviceFacts) -> str | None:
+    if setting != "cuda" or facts.gpus > 0:
+        return None
+    return (f"trainer.device is cuda, but {facts.where} has no GPU (no CUDA device is visible "
+            "to it); set trainer.device to auto (CPU where there is no GPU) or cpu, or run on "
+            "a machine with GPUs")
+
+
+def kernel_problems(config: JobConfig, on_gpu: bool, facts: DeviceFacts) -> list[str]:
+    """GPU-only kernels: refused on CPU, and on a GPU without their package (when known)."""
+    model = config.actor_rollout_ref.model
+    problems = []
+    if model.attn_implementation == "flash_attention_2":
+        if not on_gpu:
+            problems.append("actor_rollout_ref.model.attn_implementation is flash_attention_2, "
+                            "a GPU kernel; on CPU use auto (the default: eager), eager or sdpa")
+        elif facts.has_flash_attn is False:
+            problems.append("actor_rollout_ref.model.attn_implementation is flash_attention_2, "
+                            f"but the flash-attn package is not installed on {facts.where}; "
+                            "install it (pip install flash-attn) or use sdpa")
+    if model.log_prob_impl == "liger":
+        if not on_gpu:
+            problems.append("actor_rollout_ref.model.log_prob_impl is liger, liger-kernel's "
+                            "GPU kernels; on CPU use chunked (no [tokens x vocab] tensor) or "
+                            "logits")
+        elif facts.has_liger_kernel is False:
+            problems.append("actor_rollout_ref.model.log_prob_impl is liger, but liger-kernel "
+                            f"is not installed on {facts.where}; install it (pip install "
+                            "liger-kernel) or use chunked")
+    return problems
+
+
+def offload_problems(config: JobConfig) -> list[str]:
+    """CPU ranks: offloading moves state to where it already is."""
+    return [f"{key}.{name} moves state between GPU and host memory; on CPU it means nothing: "
+            "set it false"
+            for key, fsdp in fsdp_sections(config).items()
+            for name in ("param_offload", "optimizer_offload") if getattr(fsdp, name)]
+
+
+def float16_problems(config: JobConfig, cpu_because: str) -> list[str]:
+    """CPU ranks: float16 weights train to nan. dagrl has no loss scaler (fp16's range ends at
+    65504 and its smallest normal is 6e-5: AdamW's eps and small second moments round to
+    zero), and the step-1 losses of the demo came out nan, then sampling failed on a nan
+    probability. (The rollout engine's own `rollout.dtype: float16` is inference only, which
+    vLLM runs on CPU: not refused.)"""
+    models = {"actor_rollout_ref.model.dtype": config.actor_rollout_ref.model.dtype,
+              "critic.model.dtype": config.critic.model.dtype}
+    return [f"{key} is float16, but the job's ranks run on CPU ({cpu_because}): float16 "
+            "training there has no loss scaling and its losses come out nan; use bfloat16 "
+            "(the same memory, fp32's range) or float32"
+            for key, dtype in models.items() if dtype == "float16"]
+
+
+def fsdp_sections(config: JobConfig) -> dict[str, FSDPConfig]:
+    """Each model's `fsdp_config`, by its dotted key."""
+    return {"actor_rollout_ref.actor.fsdp_config": config.actor_rollout_ref.actor.fsdp_config,
+            "actor_rollout_ref.ref.fsdp_config": config.actor_rollout_ref.ref.fsdp_config,
+            "critic.fsdp_config": config.critic.fsdp_config}
