@@ -92,7 +92,7 @@ class UpdateSetup:
     attention: str = "eager"  # model.attn_implementation (auto: eager on CPU)
     cast_weights_once: bool = True  # mixed_precision.cast_weights_once
     fused_adamw: bool = True  # optim.fused
-    log_prob_impl: str = "logits"  # model.log_prob_impl
+    log_prob_impl: str = "chunked"  # model.log_prob_impl (auto: chunked on CPU)
     compile_layers: bool = False  # model.compile_layers
 
 

@@ -5,15 +5,17 @@ The update is the one a rank of `examples/grpo_smollm2_vllm.yaml` runs (`_smollm
 SmolLM2-135M-Instruct, 32 rows of 40 prompt tokens and 8-32 response tokens, PPO with the KL
 loss, one optimizer step, one thread as a rank has). The reference setup is the defaults
 (bf16 autocast over fp32 weights, or fp32 with `--fp32`; eager attention, which
-`attn_implementation: auto` picks on CPU; weights cast once per optimizer step; fused AdamW;
-one micro-batch of 32 rows, the example's). Each variant turns one switch back:
+`attn_implementation: auto` picks on CPU; chunked log-probs, `log_prob_impl: auto`'s pick on
+CPU; weights cast once per optimizer step; fused AdamW; one micro-batch of 32 rows, the
+example's). Each variant turns one switch back:
 - `sdpa_attention`: torch's fused attention (the default before `auto`);
 - `cast_per_micro_batch`: `mixed_precision.cast_weights_once: false` (bf16 only);
 - `listed_adamw`: `optim.fused: false`;
 - `micro_batch_8`: 8 rows per micro-batch (the example's before);
-- `chunked_log_probs`: `model.log_prob_impl: chunked`;
+- `logits_log_probs`: every token's logits, then log-softmax (the default before `auto`);
 - `compiled_layers`: `model.compile_layers: true` (its compile is one warm-up, not timed).
-Each figure is variant time / reference time (above 1: the switch pays), both the median of
+Each figure is variant time / reference time (above 1: the reference's setting pays; for
+`compiled_layers`, the one variant that turns a switch on, below 1: compiling pays), medians of
 `--repeats` updates after a warm-up, two variants at a time alternated with a reference of
 their own so that load drifts hit both (the first group's reference is `update_seconds`).
 `update_gflops_per_s` is the reference's model FLOP/s and `update_vs_matmul_peak` that over
@@ -48,7 +50,7 @@ VARIANTS = {
     "cast_per_micro_batch": {"cast_weights_once": False},
     "listed_adamw": {"fused_adamw": False},
     "micro_batch_8": {"micro_batch": 8},
-    "chunked_log_probs": {"log_prob_impl": "chunked"},
+    "logits_log_probs": {"log_prob_impl": "logits"},
     "compiled_layers": {"compile_layers": True},
 }
 

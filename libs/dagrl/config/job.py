@@ -56,11 +56,13 @@ class ModelConfig:
     gradient_checkpointing_every: int = option(
         1, "with gradient_checkpointing: recompute every N-th decoder layer only (1: every "
         "layer; 2: half of them, selective checkpointing: more memory, a shorter backward)")
-    log_prob_impl: Literal["logits", "chunked", "liger"] = option(
-        "logits", "how passes get the sampled tokens' log-probs: logits (every token's logits "
+    log_prob_impl: Literal["auto", "logits", "chunked", "liger"] = option(
+        "auto", "how passes get the sampled tokens' log-probs: logits (every token's logits "
         "over the vocabulary, then log-softmax), chunked (from the hidden states a chunk of "
         "tokens at a time, recomputed in backward: no [tokens x vocab] tensor) or liger "
-        "(liger-kernel's fused linear log-prob, GPU, needs liger-kernel installed)")
+        "(liger-kernel's fused linear log-prob, GPU, needs liger-kernel installed). auto: "
+        "chunked on CPU (a SmolLM2 update 1.8x faster, bench/update_switches.py), logits on "
+        "GPU (not measured there yet)")
     compile_layers: bool = option(
         False, "torch.compile each decoder layer (fuses norms, activations, rotary "
         "embeddings; the first step pays the compile; inductor needs a C compiler on CPU)")

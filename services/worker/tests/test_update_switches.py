@@ -4,7 +4,9 @@
   `mixed_precision.cast_weights_once`): the same update as casting per micro-batch, with a
   quarter of the weight casts over four micro-batches;
 - fused AdamW (`optim.fused`): the same parameters within float rounding;
-- `model.attn_implementation: auto`: eager on CPU, sdpa on GPU, the same log-probs."""
+- `model.attn_implementation: auto`: eager on CPU, sdpa on GPU, the same log-probs;
+- `model.log_prob_impl: auto`: chunked on CPU, logits on GPU (the chunked path's equality
+  with the logits one is `test_token_log_probs.py`'s)."""
 
 from __future__ import annotations
 
@@ -129,15 +131,18 @@ def test_the_optimizer_is_fused_where_the_switch_says(tiny_checkpoint: Path) -> 
         assert bool(engine.optimizer.param_groups[0]["fused"]) is fused
 
 
-@pytest.mark.parametrize(("cuda", "expected"), [(False, "eager"), (True, "sdpa")])
-def test_auto_attention_is_eager_on_cpu_and_sdpa_on_gpu(cuda: bool, expected: str) -> None:
+@pytest.mark.parametrize(("cuda", "attention", "log_probs"),
+                         [(False, "eager", "chunked"), (True, "sdpa", "logits")])
+def test_auto_kernels_are_decided_per_device(cuda: bool, attention: str,
+                                             log_probs: str) -> None:
     device = RankDevice(torch.device("cuda", 0) if cuda else torch.device("cpu"))
     config = for_device(load_job_config(data={}), device)
-    assert config.actor_rollout_ref.model.attn_implementation == expected
-    assert config.critic.model.attn_implementation == expected
+    for model in (config.actor_rollout_ref.model, config.critic.model):
+        assert (model.attn_implementation, model.log_prob_impl) == (attention, log_probs)
     chosen = for_device(load_job_config(data={"actor_rollout_ref": {"model": {
-        "attn_implementation": "sdpa"}}}), device)
+        "attn_implementation": "sdpa", "log_prob_impl": "logits"}}}), device)
     assert chosen.actor_rollout_ref.model.attn_implementation == "sdpa"
+    assert chosen.actor_rollout_ref.model.log_prob_impl == "logits"
 
 
 def test_eager_and_sdpa_attention_give_the_same_log_probs(tiny_checkpoint: Path) -> None:

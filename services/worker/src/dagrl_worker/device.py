@@ -123,22 +123,29 @@ def for_device(config: JobConfig, device: RankDevice) -> JobConfig:
     if rollout.enforce_eager is None:
         rollout = dataclasses.replace(rollout, enforce_eager=not device.is_cuda)
     policy = dataclasses.replace(
-        policy, rollout=rollout, model=attention_decided(policy.model, device),
+        policy, rollout=rollout, model=kernels_decided(policy.model, device),
         actor=dataclasses.replace(policy.actor, fsdp_config=decided(policy.actor.fsdp_config)),
         ref=dataclasses.replace(policy.ref, fsdp_config=decided(policy.ref.fsdp_config)))
-    critic = dataclasses.replace(config.critic, model=attention_decided(config.critic.model,
-                                                                         device),
+    critic = dataclasses.replace(config.critic, model=kernels_decided(config.critic.model,
+                                                                       device),
                                  fsdp_config=decided(config.critic.fsdp_config))
     return dataclasses.replace(config, actor_rollout_ref=policy, critic=critic)
 
 
-def attention_decided(model: ModelConfig, device: RankDevice) -> ModelConfig:
-    """`attn_implementation: auto` for `device`: sdpa on a GPU; eager on a CPU, where torch's
-    fused attention backward took a fifth of a short-sequence bf16 update (SmolLM2, 72
-    tokens a row: 3.8 of 20.4 s) and the plain matmuls of eager take a tenth of that."""
-    if model.attn_implementation != "auto":
-        return model
-    return dataclasses.replace(model, attn_implementation="sdpa" if device.is_cuda else "eager")
+def kernels_decided(model: ModelConfig, device: RankDevice) -> ModelConfig:
+    """The model's `auto` kernels for `device` (bench/update_switches.py measured the CPU's):
+    - `attn_implementation`: sdpa on a GPU; eager on a CPU, where torch's fused attention
+      backward took a fifth of a short-sequence bf16 update (SmolLM2, 72 tokens a row: 3.8
+      of 20.4 s) and the plain matmuls of eager take a tenth of that;
+    - `log_prob_impl`: chunked on a CPU, where every token's fp32 logits (453 MB for 32 rows
+      of SmolLM2) cost more in allocation and log-softmax than the chunks' recompute; logits
+      on a GPU until the GPU check measures the others there."""
+    attention, log_probs = model.attn_implementation, model.log_prob_impl
+    if attention == "auto":
+        attention = "sdpa" if device.is_cuda else "eager"
+    if log_probs == "auto":
+        log_probs = "logits" if device.is_cuda else "chunked"
+    return dataclasses.replace(model, attn_implementation=attention, log_prob_impl=log_probs)
 
 
 def use_tf32(device: RankDevice, enabled: bool) -> None:
