@@ -25,23 +25,30 @@ top operators of one rank's share of the actor update, run in this process.
 The step times are set beside TRL 1.16's `GRPOTrainer` on the same job, as issue #33 measured
 it on a 2-core AMX Xeon (28.2 s bf16, 45.8 s fp32): a figure from that table, not a TRL run.
 
+`--before` runs each job a second time with the settings it had before issue #33's switches
+(8-row update micro-batches, sdpa attention, every token's logits, AdamW per tensor list,
+weights cast per micro-batch): `step_speedup_vs_before_<dtype>` and
+`actor_update_speedup_vs_before_<dtype>` are its times over the new ones, in the same run.
+
 The script checks what it measures: the jobs run to their last step on the SmolLM2
 checkpoint, responses are generated (mean length over 4 tokens), every phase named above
 reports a time, and the bf16 job's actor update is not the fp32 one's (their times differ by
 1.2x or more: otherwise mixed precision was not on).
 
-    .venv/bin/python bench/step_profile.py [--steps 5] [--no-bf16]
+    .venv/bin/python bench/step_profile.py [--steps 5] [--no-bf16] [--before]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import ray
 import torch
@@ -68,6 +75,15 @@ THREADS = 2  # the two ranks' one thread each
 TRL_STEP_SECONDS = {"bf16": 28.2, "fp32": 45.8}  # issue #33's table (2-core AMX Xeon)
 PHASES = ("rollout", "old_log_prob", "ref_log_prob", "actor_train")
 TIMING = "timing_s/"
+SKIPPED_S = 0.05  # a phase this short did not run its pass (old log-probs from the update)
+# the settings before issue #33's switches (`--before`): the job as it ran until 2026-12-05
+BEFORE = {"actor_rollout_ref.actor.ppo_micro_batch_size_per_rank": 8,
+          "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_rank": 16,
+          "actor_rollout_ref.ref.log_prob_micro_batch_size_per_rank": 16,
+          "actor_rollout_ref.model.attn_implementation": "sdpa",
+          "actor_rollout_ref.model.log_prob_impl": "logits",
+          "actor_rollout_ref.actor.optim.fused": False,
+          "actor_rollout_ref.actor.fsdp_config.mixed_precision.cast_weights_once": False}
 
 
 @dataclass(frozen=True)
@@ -164,6 +180,9 @@ def report(name: str, outcome: JobOutcome, limits: Limits, counter: FlopCounter,
         if phase not in seconds:
             continue
         line = f"  {phase:13s} {seconds[phase]:7.2f} s"
+        if seconds[phase] < SKIPPED_S:
+            print(line + "  (skipped: the update's own forward gives them)")
+            continue
         if phase in flops:
             achieved = flops[phase] / seconds[phase]
             figures[phase] = achieved / peak
@@ -177,6 +196,18 @@ def report(name: str, outcome: JobOutcome, limits: Limits, counter: FlopCounter,
           f"{weight_bytes / 1e6:.0f} MB at {limits.read_bytes_per_s / 1e9:.1f} GB/s = "
           f"{floor:.2f} s: {figures['rollout_floor']:.3f} of the rollout's time")
     return figures
+
+
+def with_settings(config: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `config` with each dotted key of `settings` set."""
+    changed = copy.deepcopy(config)
+    for dotted, value in settings.items():
+        *path, last = dotted.split(".")
+        section = changed
+        for key in path:
+            section = section.setdefault(key, {})
+        section[last] = value
+    return changed
 
 
 def profile_update(bf16: bool, shape: Shape) -> None:
@@ -198,6 +229,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--no-bf16", action="store_true", help="the fp32 job only")
+    parser.add_argument("--before", action="store_true",
+                        help="each job also with the settings before #33's switches")
     args = parser.parse_args()
     prepare_assets()
     native = cpu_has_native_bf16()
@@ -224,7 +257,18 @@ def main() -> None:
     with LocalRedis() as redis:
         for name in dtypes:
             outcomes[name] = run_smollm2(name, configs[name], redis.url, "bench_step_profile")
+            if args.before:
+                before = run_smollm2(f"{name}_before", with_settings(configs[name], BEFORE),
+                                     redis.url, "bench_step_profile")
+                outcomes[f"{name}_before"] = before
     ray.shutdown()
+    for name in dtypes if args.before else []:
+        new, old = (phase_seconds(outcomes[n]) for n in (name, f"{name}_before"))
+        print(f"{name} before #33's switches: step {old['step']:.2f} s, actor update "
+              f"{old['actor_train']:.2f} s, reference {old['ref_log_prob']:.2f} s")
+        print(f"RESULT step_speedup_vs_before_{name} {old['step'] / new['step']:.3f}")
+        print(f"RESULT actor_update_speedup_vs_before_{name} "
+              f"{old['actor_train'] / new['actor_train']:.3f}")
     shapes = {name: step_shape(outcomes[name], prompt_tokens, samples) for name in dtypes}
     figures = {name: report(name, outcomes[name], limits, counter, shapes[name], params)
                for name in dtypes}
