@@ -13,6 +13,7 @@ import torch
 from dagrl.config import ModelConfig
 from dagrl.models import load_model_and_tokenizer
 from dagrl_worker.builder import for_training
+from dagrl_worker.device import RankDevice, for_device
 from dagrl_worker.training.engine import decoder_layers
 from dagrl_worker.training.forward import response_log_probs
 
@@ -68,4 +69,7 @@ def test_the_log_prob_setting_reaches_every_pass() -> None:
     assert actor_update(config).log_prob_impl == "chunked"
     for section in (config.actor_rollout_ref.rollout, config.actor_rollout_ref.ref):
         assert LogProbPass.of(section, config).log_prob_impl == "chunked"
-    assert actor_update(load_job_config()).log_prob_impl == "logits"  # the default
+    default = load_job_config()  # auto, decided per rank: chunked on CPU, logits on GPU
+    assert default.actor_rollout_ref.model.log_prob_impl == "auto"
+    on_cpu = for_device(default, RankDevice(torch.device("cpu")))
+    assert actor_update(on_cpu).log_prob_impl == "chunked"
