@@ -22,44 +22,25 @@ from dagrl.config import (
     RolloutCorrectionConfig,
     load_job_config,
 )
-from dagrl.models import load_model_and_tokenizer
 from dagrl.models.tokenizer import build_char_tokenizer
 from dagrl_worker.failure_reasons import failure_reason
 from dagrl_worker.metrics import MetricSink
-from dagrl_worker.prompts import PromptSource, prompts_to_batch
+from dagrl_worker.prompts import PromptSource
 from dagrl_worker.restart_policy import RestartPolicy
-from dagrl_worker.rollout import HFRollout, SamplingParams
 from dagrl_worker.training.engine import TrainEngine
 from dagrl_worker.training.finite import NonFiniteLossError
 from dagrl_worker.training.parallel import DataParallel
 from dagrl_worker.training.ppo import (
     ActorUpdate,
     MiniBatchPlan,
-    compute_log_probs,
     update_actor,
     update_critic,
 )
 from dagrl_worker.training.token_budget import MicroBatching
 
-from .test_rollout_and_ppo import prompt_rows
+from .test_rollout_and_ppo import rollout_rows
 
 PLAN = MiniBatchPlan(mini_batches=1, micro=MicroBatching(2), epochs=1)
-
-
-def rollout_rows(tiny_checkpoint: Path):
-    """A tiny model, and four sampled rows with old log-probs and advantages."""
-    torch.manual_seed(0)
-    model, tokenizer = load_model_and_tokenizer(tiny_checkpoint)
-    model.train()
-    prompts = prompts_to_batch(prompt_rows(tokenizer, ["3+4=", "5+6="]),
-                               tokenizer.pad_token_id, "s0")
-    rollout = HFRollout(model, tokenizer).generate(prompts, SamplingParams(n=2, max_new_tokens=5))
-    old = compute_log_probs(model, rollout, MicroBatching(2), temperature=1.0)
-    mask = rollout.tensors["response_mask"]
-    advantages = torch.tensor([1.0, -1.0, 1.0, -1.0]).unsqueeze(1) * mask
-    return model, rollout.with_fields(tensors={
-        "old_log_probs": old, "advantages": advantages, "ref_log_probs": old,
-        "values": torch.zeros_like(old), "returns": advantages})
 
 
 def poisoned(model: torch.nn.Module) -> dict[str, torch.Tensor]:

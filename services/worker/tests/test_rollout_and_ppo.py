@@ -1,9 +1,11 @@
 """HF rollout shapes and masks, and a PPO update that moves the policy the right way."""
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from dagrl.batch import Batch
 from dagrl.config import ActorConfig, OptimConfig, RolloutCorrectionConfig
 from dagrl.models import encode_chat_prompt, load_model_and_tokenizer
 from dagrl_worker.metrics import MetricSink
@@ -61,7 +63,8 @@ def test_generate_shapes_masks_and_groups(tiny_checkpoint: Path) -> None:
     assert out.tensors["position_ids"][0][first.bool()].tolist()[:3] == [0, 1, 2]
 
 
-def test_ppo_update_raises_log_prob_of_positive_advantage(tiny_checkpoint: Path) -> None:
+def rollout_rows(tiny_checkpoint: Path) -> tuple[Any, Batch]:
+    """A tiny model, and four sampled rows with old log-probs and advantages."""
     torch.manual_seed(0)
     model, tokenizer = load_model_and_tokenizer(tiny_checkpoint)
     model.train()
@@ -69,10 +72,16 @@ def test_ppo_update_raises_log_prob_of_positive_advantage(tiny_checkpoint: Path)
                                tokenizer.pad_token_id, "s0")
     rollout = HFRollout(model, tokenizer).generate(prompts, SamplingParams(n=2, max_new_tokens=5))
     old = compute_log_probs(model, rollout, MicroBatching(2), temperature=1.0)
-    advantages = torch.tensor([1.0, -1.0, 1.0, -1.0]).unsqueeze(1) * rollout.tensors[
-        "response_mask"]
-    rows = rollout.with_fields(tensors={"old_log_probs": old, "advantages": advantages,
-                                        "ref_log_probs": old})
+    mask = rollout.tensors["response_mask"]
+    advantages = torch.tensor([1.0, -1.0, 1.0, -1.0]).unsqueeze(1) * mask
+    return model, rollout.with_fields(tensors={
+        "old_log_probs": old, "advantages": advantages, "ref_log_probs": old,
+        "values": torch.zeros_like(old), "returns": advantages})
+
+
+def test_ppo_update_raises_log_prob_of_positive_advantage(tiny_checkpoint: Path) -> None:
+    model, rows = rollout_rows(tiny_checkpoint)
+    old = rows.tensors["old_log_probs"]
     config = ActorConfig(ppo_mini_batch_size=2, ppo_micro_batch_size_per_rank=2,
                          optim=OptimConfig(lr=1e-2), use_kl_loss=True)
     engine = TrainEngine(model, config.optim, total_steps=10, dp=DataParallel())
