@@ -1,4 +1,5 @@
-"""Databuffer pieces that need no Redis: key schema, settings, shard layout, row planning."""
+"""Databuffer pieces that need no Redis: key schema, settings, instances by home, shard
+layout, row planning."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dagrl.errors import ConfigError, DataBufferRequestError, ShardCorruptError
 from dagrl.rpc.gen.databuffer.v1 import databuffer_pb2 as pb
 from dagrl_databuffer import keys as K
 from dagrl_databuffer.config import BufferSettings, ServiceConfig, redact_url
+from dagrl_databuffer.instances import Instances, ranks_by_home
 from dagrl_databuffer.shard import (
     ShardMeta,
     encode_shard,
@@ -101,6 +103,35 @@ def test_settings_retry_budget_and_redaction() -> None:
     assert redact_url("redis://u:pw@h:1/0") == "redis://u:***@h:1/0"
     with pytest.raises(ConfigError, match="chunk_bytes"):
         BufferSettings(chunk_bytes=600 << 20)
+
+
+# ---------------------------------------------------------------- instances
+def test_instances_are_numbered_by_home_and_checked() -> None:
+    urls = ["redis://127.0.0.1:1/0", "redis://127.0.0.1:2/0", "redis://127.0.0.1:3/0"]
+    instances = Instances(BufferSettings(), urls)  # opening a pool does not connect
+    try:
+        assert len(instances) == 3
+        assert [instances.at(home).url for home in range(3)] == urls
+        for bad in (3, -1, True, "0"):
+            with pytest.raises(DataBufferRequestError, match="names no instance"):
+                instances.at(bad)  # type: ignore[arg-type]
+        assert instances.checked_homes(None, 4) is None
+        assert instances.checked_homes([2, 0, 2], None) == (2, 0, 2)
+        with pytest.raises(DataBufferRequestError, match="3 homes for 4 producers"):
+            instances.checked_homes([0, 1, 2], 4)
+        with pytest.raises(DataBufferRequestError, match="home 5 names no instance"):
+            instances.checked_homes([0, 5], 2)
+    finally:
+        instances.close()
+    alone = Instances(BufferSettings(redis_url="redis://127.0.0.1:9/0"))
+    assert [store.url for store in alone.stores] == ["redis://127.0.0.1:9/0"]
+    alone.close()
+
+
+def test_ranks_grouped_by_home_in_home_order() -> None:
+    assert ranks_by_home([2, 0, 2, 1, 0]) == {0: [1, 4], 1: [3], 2: [0, 2]}
+    assert list(ranks_by_home([1, 0])) == [0, 1]
+    assert ranks_by_home([]) == {}
 
 
 # ------------------------------------------------------------ shard layout

@@ -1,7 +1,7 @@
 """The databuffer's Redis connection: bounded retries, typed errors, scripts, bulk transfer.
 
 Owns how bytes move to and from Redis; what the keys mean is `keys`, what a shard looks
-like is `shard`, and the put/get protocol is `client`.
+like is `shard`, and the put/get protocol is `writer`, `planner` and `reader`.
 
 - Every call goes through `call`: connection failures are retried with exponential
   backoff (`BufferSettings.retry_attempts`, `retry_backoff_s`), then raise
