@@ -15,12 +15,13 @@ def summary(num_ranks: int = 2) -> metrics_pb2.StepSummary:
         job_id="j", step=4, wall_time_s=1.25, complete=True, num_ranks=num_ranks, tokens=512,
         tokens_per_s=409.6, time_per_token_ms=2.44, critical_path=["rollout", "train"],
         critical_path_s=1.1, trace_id="ab" * 16, metrics={"critic/score/mean": 0.5})
-    for node, base in (("rollout", 0.6), ("train", 0.4)):
+    for node, phase, base, start in (("rollout", "rollout", 0.6, 0), ("train", "update", 0.4, 10)):
         timing = result.nodes.add(node_id=node, max_s=base + 0.1 * (num_ranks - 1), mean_s=base,
                                   straggler_rank=num_ranks - 1, straggler_lag_s=0.05,
-                                  on_critical_path=True)
+                                  on_critical_path=True, step_phase=phase)
         for rank in range(num_ranks):
-            timing.ranks.add(rank=rank, duration_s=base + 0.1 * rank, phases=[
+            timing.ranks.add(rank=rank, duration_s=base + 0.1 * rank,
+                             start_unix_ns=start - rank, phases=[
                 metrics_pb2.PhaseTiming(name="rollout.generate", duration_s=base / 2)])
     return result
 
@@ -33,11 +34,30 @@ def test_table_has_header_rows_and_rank_columns() -> None:
     assert "MFU -" in lines[2]  # not reported
     header = next(line for line in lines if line.startswith("node"))
     assert "rank 0" in header and "rank 1" in header and "straggler" in header
+    assert "phase" in header
     rollout = next(line for line in lines if line.startswith("rollout *"))
-    assert rollout.split()[2:4] == ["0.600", "0.700"]
+    assert rollout.split()[2:5] == ["rollout", "0.600", "0.700"]
+    train = next(line for line in lines if line.startswith("train *"))
+    assert train.split()[2:5] == ["update", "0.400", "0.500"]
     assert "critic/score/mean = 0.5" in text
     assert "rollout.generate" not in text
     assert "  rollout.generate" in trace_cmd.format_step_table(summary(), phases=True)
+
+
+def test_each_rank_lists_the_nodes_it_ran_in_the_order_it_started_them() -> None:
+    step = summary()
+    step.nodes[0].ranks[1].start_unix_ns = 20  # rank 1 trained first (not in DAG order)
+    lines = trace_cmd.format_step_table(step).splitlines()
+    assert "rank 0: rollout (rollout) 0.600 > train (update) 0.400" in lines
+    assert "rank 1: train (update) 0.500 > rollout (rollout) 0.700" in lines
+
+
+def test_a_node_without_a_step_phase_shows_a_dash() -> None:
+    step = summary()
+    step.nodes[1].step_phase = ""
+    lines = trace_cmd.format_step_table(step).splitlines()
+    assert next(line for line in lines if line.startswith("train *")).split()[2] == "-"
+    assert "rank 0: rollout (rollout) 0.600 > train 0.400" in lines
 
 
 def test_many_ranks_drop_the_per_rank_columns() -> None:

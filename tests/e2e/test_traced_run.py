@@ -20,6 +20,7 @@ import grpc
 import pytest
 import yaml
 
+from dagrl.cli import trace_cmd
 from dagrl.rpc.gen.metrics.v1 import metrics_pb2, metrics_pb2_grpc
 from dagrl.workflow import load_workflow
 from dagrl_metrics.config import MetricsConfig
@@ -79,6 +80,14 @@ def test_dagrl_run_is_traced_step_by_step(metrics_service: MetricsServer, assets
     for summary in steps:
         assert summary.complete and summary.num_ranks == RANKS
         assert [n.node_id for n in summary.nodes] == order
+        assert [n.step_phase for n in summary.nodes] == [
+            "rollout", "reward", "advantage", "log_probs", "log_probs", "update"]
+        # `dagrl trace`: each rank ran the chain in order, each node named with its phase
+        sequences = trace_cmd.rank_sequences(summary)
+        assert [line.split(":")[0] for line in sequences] == [f"rank {r}" for r in range(RANKS)]
+        for line in sequences:
+            ran = [part.split()[0] for part in line.split(": ", 1)[1].split(" > ")]
+            assert ran == order, line
         for node in summary.nodes:
             assert sorted(r.rank for r in node.ranks) == list(range(RANKS)), node.node_id
             for timing in node.ranks:

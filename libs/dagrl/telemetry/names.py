@@ -58,6 +58,7 @@ ATTR_RANK: Final = "dagrl.rank"
 ATTR_NUM_RANKS: Final = "dagrl.num_ranks"  # on the driver's step span: how many ranks report
 ATTR_NODE_ID: Final = "dagrl.node_id"
 ATTR_NODE_DEPS: Final = "dagrl.node_deps"  # comma-separated node ids this node depends on
+ATTR_STEP_PHASE: Final = "dagrl.step_phase"  # node span: rollout, reward, ... (dagrl.step_phases)
 ATTR_PHASE: Final = "dagrl.phase"  # metric attribute: which phase a duration belongs to
 ATTR_TOKENS: Final = "dagrl.tokens"
 ATTR_BATCH_SIZE: Final = "dagrl.batch_size"

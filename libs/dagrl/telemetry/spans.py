@@ -173,13 +173,16 @@ def open_step_span(step: int, job_id: str, *, link: otel_context.Context | Carri
 
 @contextmanager
 def node_span(node_id: str, rank: int | None = None, attrs: Mapping[str, Any] | None = None,
-              *, deps: Sequence[str] = ()) -> Iterator[SpanScope]:
+              *, deps: Sequence[str] = (), step_phase: str = "") -> Iterator[SpanScope]:
     """One workflow node on one rank, inside `step_span`. `deps` are the node ids it
-    depends on: the metrics service rebuilds the DAG (and its critical path) from them."""
+    depends on: the metrics service rebuilds the DAG (and its critical path) from them.
+    `step_phase` says what the node does in the step (`dagrl.step_phases.StepPhase`)."""
     telemetry = active()
     attributes = _step_attributes(rank)
     attributes[names.ATTR_NODE_ID] = node_id
     attributes[names.ATTR_NODE_DEPS] = ",".join(deps)
+    if step_phase:
+        attributes[names.ATTR_STEP_PHASE] = step_phase
     attributes.update(attrs or {})
     started = time.perf_counter()
     try:

@@ -25,6 +25,7 @@ def span(name: str, span_id: str, parent: str, start_s: float, dur_s: float,
 
 # rollout fans out to reward and ref, which fan in to train.
 DEPS = {"rollout": "", "reward": "rollout", "ref": "rollout", "train": "reward,ref"}
+STEP_PHASES = {"rollout": "rollout", "reward": "reward", "ref": "log_probs", "train": "update"}
 ROLLOUT_S = [1.0, 1.2, 0.8, 1.6]
 ROLLOUT_TOKENS = [100, 300, 100, 0]
 OTHER_S = {"reward": 0.1, "ref": 0.3, "train": 0.2}
@@ -44,6 +45,8 @@ def four_rank_step() -> list[SpanRecord]:
             nid = f"{rid}-{node}"
             attrs = {names.ATTR_RANK: rank, names.ATTR_NODE_ID: node,
                      names.ATTR_NODE_DEPS: DEPS[node]}
+            if node != "reward":  # a worker from before step phases: the node says none
+                attrs[names.ATTR_STEP_PHASE] = STEP_PHASES[node]
             if node == "rollout":
                 attrs[names.ATTR_TOKENS] = ROLLOUT_TOKENS[rank]
             spans.append(span(names.node_span_name(node), nid, rid, clock, duration, **attrs))
@@ -74,6 +77,12 @@ def test_four_ranks_max_weighted_mean_and_straggler() -> None:
     assert reward.mean_s == pytest.approx(0.1)  # no tokens: the plain mean
     assert reward.straggler_rank == 0  # a tie goes to the lowest rank
     assert reward.straggler_lag_s == pytest.approx(0.0, abs=1e-9)
+
+
+def test_each_node_carries_the_step_phase_its_span_named() -> None:
+    summary = summarize("job", 7, four_rank_step())
+    phases = {n.node_id: n.step_phase for n in summary.nodes}
+    assert phases == {"rollout": "rollout", "reward": "", "ref": "log_probs", "train": "update"}
 
 
 def test_dag_order_and_critical_path_through_fan_out_and_fan_in() -> None:

@@ -233,14 +233,14 @@ def test_val_batch_size_is_the_validation_chunk(tiny_checkpoint: Path, tmp_path:
         worker = make_worker(tiny_checkpoint, tmp_path, f"val{size}", {"data.val_batch_size": size})
         worker.init_graph()
         chunks: list[int] = []
-        walk = worker.walk
+        walk = worker.parts.runner.walk
 
         def counting_walk(ctx: StepContext, prompts: dict, *rest: Any,
                           chunks: list[int] = chunks, walk: Any = walk, **tag: Any) -> None:
             chunks.append(len(prompts["index"]))
             walk(ctx, prompts, *rest, **tag)
 
-        worker.walk = counting_walk  # type: ignore[method-assign]
+        worker.parts.runner.walk = counting_walk  # type: ignore[method-assign]
         results[size] = chunks, worker.validate(0)
     assert results[None][0] == [8] and results[3][0] == [2, 3, 3]
     assert results[3][1]["val/arith/accuracy"] == results[None][1]["val/arith/accuracy"]

@@ -3,8 +3,12 @@
 import json
 from pathlib import Path
 
-from dagrl import metrics_file
+import pytest
+
+from dagrl import metrics_file, telemetry
 from dagrl.config import load_job_config
+from dagrl.step_phases import phases_in_order
+from dagrl.workflow import load_workflow
 from dagrl_worker.tracking import Tracker
 
 
@@ -54,3 +58,19 @@ def test_a_later_job_resuming_the_run_replaces_its_steps(tmp_path: Path) -> None
                     + "\n" + metrics_file.encode_row("job-b", 0, 4, {"perf/step_seconds": 2.0}))
     steps = metrics_file.read_steps(path)
     assert steps == [{"job_id": "job-b", "attempt": 0, "step": 4, "perf/step_seconds": 2.0}]
+
+
+def test_the_console_lists_the_step_nodes_in_workflow_order_with_phase_and_time(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = load_job_config(data={"trainer": {"logger": ["console"]}})
+    tracker = Tracker(config, tmp_path, "job-7", phases_in_order(load_workflow("ppo")))
+    timings = {"rollout": 2.5, "reward": 0.01, "old_log_prob": 0.4, "ref_log_prob": 0.3,
+               "values": 0.2, "advantage": 0.02, "actor_train": 3.0}  # critic_train: not run
+    tracker.log({"critic/score/mean": 0.25,
+                 **{telemetry.node_timing_key(n): s for n, s in timings.items()}}, step=3)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("step 3: critic/score/mean=0.25")
+    assert lines[1] == (
+        "step 3 nodes: rollout (rollout) 2.50s > reward (reward) 0.01s > "
+        "old_log_prob (log_probs) 0.40s > ref_log_prob (log_probs) 0.30s > "
+        "values (values) 0.20s > advantage (advantage) 0.02s > actor_train (update) 3.00s")

@@ -8,6 +8,7 @@ needs nothing but the spans. Definitions (also in the proto):
 - node time on a rank: the sum of that rank's `node/<id>` spans of the step;
 - a node's max / straggler: the slowest rank; lag: its time minus the median rank's;
 - a node's mean: weighted by the rank's tokens on that node span (plain mean without);
+- a node's step phase (rollout, reward, ...): its node span's `dagrl.step_phase`;
 - critical path: the longest path through the DAG with each node weighted by its max;
 - tokens: the ranks' step-span `dagrl.tokens`, else the `rollout.generate` tokens;
 - MFU: phase-span FLOPs / (wall time x sum of the ranks' peak FLOP/s).
@@ -55,8 +56,11 @@ def summarize(job_id: str, step: int, spans: Iterable[SpanRecord], *,
     per_node = _node_ranks(levels)
     _add_phases(per_node, levels)
     deps = _node_deps(levels.nodes)
+    step_phases = _step_phases(levels.nodes)
     for node_id in topological_order(deps, _first_start(per_node)):
-        summary.nodes.append(node_timing(node_id, per_node[node_id], deps[node_id]))
+        timing = node_timing(node_id, per_node[node_id], deps[node_id])
+        timing.step_phase = step_phases.get(node_id, "")
+        summary.nodes.append(timing)
     path, path_s = critical_path({n.node_id: (n.max_s, tuple(n.deps)) for n in summary.nodes})
     summary.critical_path.extend(path)
     summary.critical_path_s = path_s
@@ -223,6 +227,16 @@ def _node_deps(nodes: Iterable[SpanRecord]) -> dict[str, tuple[str, ...]]:
             if dep.strip() and dep.strip() not in listed:
                 listed.append(dep.strip())
     return {node: tuple(d) for node, d in deps.items()}
+
+
+def _step_phases(nodes: Iterable[SpanRecord]) -> dict[str, str]:
+    """What each node does in the step (`dagrl.step_phase`), as its first span says."""
+    phases: dict[str, str] = {}
+    for span in nodes:
+        phase = span.attributes.get(names.ATTR_STEP_PHASE)
+        if phase:
+            phases.setdefault(_node_id(span), str(phase))
+    return phases
 
 
 def _first_start(per_node: Mapping[str, Mapping[int, _NodeRank]]) -> dict[str, int]:

@@ -39,7 +39,7 @@ from dagrl_worker.async_training.rank_sides import rank_sides
 from dagrl_worker.async_training.weight_publish import Published
 from dagrl_worker.checkpoint import resume_folder
 from dagrl_worker.config import WorkerSettings
-from dagrl_worker.dataflow import EdgeRouter, ShardStore
+from dagrl_worker.dataflow import ShardStore
 from dagrl_worker.device import (
     device_problems,
     device_warnings,
@@ -48,10 +48,9 @@ from dagrl_worker.device import (
     use_tf32,
 )
 from dagrl_worker.evaluation import EvaluationRun, evaluate, evaluation_nodes, evaluation_router
-from dagrl_worker.executors.base import AgentModels, Executor, StepContext
+from dagrl_worker.executors.base import AgentModels, Executor
 from dagrl_worker.metrics import MetricSink, Reduce, Summary
 from dagrl_worker.plan_view import RankGraph
-from dagrl_worker.prompts import PromptRows
 from dagrl_worker.rank_groups import RankGroups, offload_engines, peak_flops, record_memory
 from dagrl_worker.rank_parts import RankParts, RankSetup, build_parts
 from dagrl_worker.spec import WorkerSpec
@@ -143,7 +142,7 @@ class DAGWorker:
         parts.checkpointer.note_loader(step)
         ctx = parts.runner.step_context(step, sink)
         with telemetry.step_span(step, self.spec.job_id, parent=trace) as span:
-            self.walk(ctx, global_prompts, parts.where.order, parts.router)
+            parts.runner.walk(ctx, global_prompts, parts.where.order, parts.router)
             if not parts.policy.is_async:
                 self._sync_weights(sink)
             offload_engines(self.models, self.device)
@@ -161,11 +160,6 @@ class DAGWorker:
         """Every updated model to where it is used untrained (`weight_sync.sync_models`)."""
         sync_models(self.parts.model_syncs, self.models, self.rank, sink)
 
-    def walk(self, ctx: StepContext, global_prompts: PromptRows, nodes: list[str],
-             router: EdgeRouter, tag: str = "") -> None:
-        """One pass over `nodes` of this rank (`GraphRunner.walk`)."""
-        self.parts.runner.walk(ctx, global_prompts, nodes, router, tag)
-
     def validate(self, step: int = 0) -> Summary:
         """An evaluation pass after training step `step` (0: before training); every rank
         takes part (`evaluation.evaluate`)."""
@@ -176,7 +170,7 @@ class DAGWorker:
                                    self.config.services.databuffer_wait_s)
         context = parts.runner.step_context(0, MetricSink(), validating=True)
         run = EvaluationRun(self.graph, self.plan, [n for n in parts.where.order if n in wanted],
-                            self.walk, router, context)
+                            parts.runner.walk, router, context)
         return evaluate(run, parts.prompts.val_rows(0, 1))
 
     def save_checkpoint(self, step: int, generated_ahead: tuple[int, ...] = ()) -> str:

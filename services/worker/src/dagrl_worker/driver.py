@@ -32,6 +32,7 @@ from ray.exceptions import RayError
 from dagrl import metrics_file, telemetry
 from dagrl.jobs import JobState, JobStore
 from dagrl.run_lock import RunLock, handed_over_token
+from dagrl.step_phases import phases_in_order
 from dagrl_worker.async_training.pipeline import Pipeline
 from dagrl_worker.async_training.rank_sides import rank_sides
 from dagrl_worker.job_progress import JobCancelled, JobOutcome, JobProgress
@@ -57,7 +58,8 @@ class Driver:
             handover=handed_over_token())
         try:
             run_dir = Path(spec.checkpoint_dir) / metrics_file.RUN_SUBDIR
-            self.tracker = Tracker(self.config, run_dir, spec.job_id)
+            self.tracker = Tracker(self.config, run_dir, spec.job_id,
+                                   phases_in_order(spec.workflow()))
         except BaseException:
             self.run_lock.release()
             raise

@@ -23,6 +23,7 @@ from dagrl.batch import Batch
 from dagrl.config import JobConfig
 from dagrl.errors import InvalidInputError
 from dagrl.job_rules import PRODUCED_BY
+from dagrl.step_phases import step_phase
 from dagrl.workflow import NodeRole, NodeType
 from dagrl_worker.async_training.policy_versions import PolicyVersions
 from dagrl_worker.dataflow import EdgeRouter, join_by_uid
@@ -48,6 +49,8 @@ class GraphRunner:
         self.kl_controller = kl_controller
         # agents' metrics get an `agent{g}/` prefix only when there is more than one
         self.is_multi_agent = len(self.graph.agent_groups()) > 1
+        # what each node does in the step (rollout, reward, ...), on its span
+        self.phases = {node.node_id: step_phase(node) for node in self.graph.nodes}
 
     def step_context(self, step: int, sink: MetricSink, validating: bool = False) -> StepContext:
         """The context of one step's (or evaluation pass's) nodes on this rank."""
@@ -70,7 +73,8 @@ class GraphRunner:
                 batch = self.entry_input(node_id, step, global_prompts, tag)
             started = time.perf_counter()
             node = self.graph[node_id]
-            with telemetry.node_span(node_id, deps=node.dependencies) as span:
+            with telemetry.node_span(node_id, deps=node.dependencies,
+                                     step_phase=self.phases[node_id]) as span:
                 span.set_batch_size(len(batch))
                 output = self.run_node(node_id, batch, self._node_context(ctx, node_id))
             ctx.sink.add(telemetry.node_timing_key(node_id), time.perf_counter() - started,

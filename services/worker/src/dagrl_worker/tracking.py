@@ -1,6 +1,8 @@
 """Experiment tracking: where the driver writes each step's merged metrics.
 
-Backends by `trainer.logger`: `console` (one line per step), `jsonl` (one JSON object per
+Backends by `trainer.logger`: `console` (per step a line of headline figures and a line of
+the step's nodes in workflow order, each with its step phase and its seconds, the slowest
+rank's: `dagrl.step_phases`), `jsonl` (one JSON object per
 step in `<run_dir>/metrics.jsonl`, tagged with the job id and the attempt; its format and
 the rule for a step written twice by a restart live in `dagrl.metrics_file`),
 `tensorboard`, `wandb`, `mlflow` — the last three only when their package is installed
@@ -10,6 +12,7 @@ the rule for a step written twice by a restart live in `dagrl.metrics_file`),
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,11 +31,27 @@ class Backend(Protocol):
 
 
 class ConsoleBackend:
+    def __init__(self, node_phases: Sequence[tuple[str, str]] = ()) -> None:
+        """`node_phases`: the workflow's (node id, step phase) in topological order."""
+        self.node_phases = tuple(node_phases)
+
     def log(self, metrics: dict[str, float], step: int) -> None:
         shown = [f"{k}={metrics[k]:.4g}" for k in _HEADLINE if k in metrics]
         shown += [f"{k}={v:.4g}" for k, v in sorted(metrics.items())
                   if k.startswith(telemetry.KEY_VAL_PREFIX)]
-        print(f"step {step}: " + " ".join(shown), file=sys.stderr, flush=True)
+        lines = [f"step {step}: " + " ".join(shown)]
+        sequence = self.node_sequence(metrics)
+        if sequence:
+            lines.append(f"step {step} nodes: {sequence}")
+        print("\n".join(lines), file=sys.stderr, flush=True)
+
+    def node_sequence(self, metrics: dict[str, float]) -> str:
+        """`gen (rollout) 2.10s > reward (reward) 0.05s > ...`: the nodes that ran this step."""
+        timed = [(node_id, phase, metrics[telemetry.node_timing_key(node_id)])
+                 for node_id, phase in self.node_phases
+                 if telemetry.node_timing_key(node_id) in metrics]
+        return " > ".join(f"{node_id} ({phase}) {seconds:.2f}s"
+                          for node_id, phase, seconds in timed)
 
     def close(self) -> None:
         pass
@@ -108,11 +127,13 @@ class MlflowBackend:
 class Tracker:
     """Fans each step's metrics out to the configured backends."""
 
-    def __init__(self, config: JobConfig, run_dir: Path, job_id: str) -> None:
+    def __init__(self, config: JobConfig, run_dir: Path, job_id: str,
+                 node_phases: Sequence[tuple[str, str]] = ()) -> None:
+        """`node_phases`: the workflow's (node id, step phase), for the console's node line."""
         self.backends: list[Backend] = []
         for name in config.trainer.logger:
             if name == "console":
-                self.backends.append(ConsoleBackend())
+                self.backends.append(ConsoleBackend(node_phases))
             elif name == "jsonl":
                 self.backends.append(JsonlBackend(run_dir, job_id))
             elif name == "tensorboard":

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&dagrl/rpc/gen/metrics/v1/metrics.proto\x12\x10\x64\x61grl.metrics.v1\"e\n\x0bPhaseTiming\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nduration_s\x18\x02 \x01(\x01\x12\x15\n\rstart_unix_ns\x18\x03 \x01(\x03\x12\x0e\n\x06tokens\x18\x04 \x01(\x03\x12\r\n\x05\x62ytes\x18\x05 \x01(\x03\"\x84\x01\n\nRankTiming\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x12\n\nduration_s\x18\x02 \x01(\x01\x12\x15\n\rstart_unix_ns\x18\x03 \x01(\x03\x12\x0e\n\x06tokens\x18\x04 \x01(\x03\x12-\n\x06phases\x18\x05 \x03(\x0b\x32\x1d.dagrl.metrics.v1.PhaseTiming\"\xc2\x01\n\nNodeTiming\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12+\n\x05ranks\x18\x02 \x03(\x0b\x32\x1c.dagrl.metrics.v1.RankTiming\x12\r\n\x05max_s\x18\x03 \x01(\x01\x12\x0e\n\x06mean_s\x18\x04 \x01(\x01\x12\x16\n\x0estraggler_rank\x18\x05 \x01(\x05\x12\x17\n\x0fstraggler_lag_s\x18\x06 \x01(\x01\x12\x0c\n\x04\x64\x65ps\x18\x07 \x03(\t\x12\x18\n\x10on_critical_path\x18\x08 \x01(\x08\"\xfa\x03\n\x0bStepSummary\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x13\n\x0bwall_time_s\x18\x03 \x01(\x01\x12+\n\x05nodes\x18\x04 \x03(\x0b\x32\x1c.dagrl.metrics.v1.NodeTiming\x12\x15\n\rcritical_path\x18\x05 \x03(\t\x12\x14\n\x0ctokens_per_s\x18\x06 \x01(\x01\x12\x19\n\x11time_per_token_ms\x18\x07 \x01(\x01\x12\x10\n\x03mfu\x18\x08 \x01(\x01H\x00\x88\x01\x01\x12;\n\x07metrics\x18\t \x03(\x0b\x32*.dagrl.metrics.v1.StepSummary.MetricsEntry\x12\x15\n\rstart_unix_ns\x18\n \x01(\x03\x12\x17\n\x0f\x63ritical_path_s\x18\x0b \x01(\x01\x12\x0e\n\x06tokens\x18\x0c \x01(\x03\x12\x30\n\nrank_steps\x18\r \x03(\x0b\x32\x1c.dagrl.metrics.v1.RankTiming\x12\x10\n\x08trace_id\x18\x0e \x01(\t\x12\x10\n\x08\x63omplete\x18\x0f \x01(\x08\x12\x11\n\tnum_ranks\x18\x10 \x01(\x05\x12\x13\n\x0b\x62ytes_moved\x18\x11 \x01(\x03\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x06\n\x04_mfu\"C\n\x15GetStepSummaryRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\x04step\x18\x02 \x01(\x03H\x00\x88\x01\x01\x42\x07\n\x05_step\"1\n\x10ListStepsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\"A\n\x11ListStepsResponse\x12,\n\x05steps\x18\x01 \x03(\x0b\x32\x1d.dagrl.metrics.v1.StepSummary\"6\n\x11WatchStepsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tfrom_step\x18\x02 \x01(\x03\x32\x99\x02\n\x13MetricsQueryService\x12X\n\x0eGetStepSummary\x12\'.dagrl.metrics.v1.GetStepSummaryRequest\x1a\x1d.dagrl.metrics.v1.StepSummary\x12T\n\tListSteps\x12\".dagrl.metrics.v1.ListStepsRequest\x1a#.dagrl.metrics.v1.ListStepsResponse\x12R\n\nWatchSteps\x12#.dagrl.metrics.v1.WatchStepsRequest\x1a\x1d.dagrl.metrics.v1.StepSummary0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&dagrl/rpc/gen/metrics/v1/metrics.proto\x12\x10\x64\x61grl.metrics.v1\"e\n\x0bPhaseTiming\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nduration_s\x18\x02 \x01(\x01\x12\x15\n\rstart_unix_ns\x18\x03 \x01(\x03\x12\x0e\n\x06tokens\x18\x04 \x01(\x03\x12\r\n\x05\x62ytes\x18\x05 \x01(\x03\"\x84\x01\n\nRankTiming\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x12\n\nduration_s\x18\x02 \x01(\x01\x12\x15\n\rstart_unix_ns\x18\x03 \x01(\x03\x12\x0e\n\x06tokens\x18\x04 \x01(\x03\x12-\n\x06phases\x18\x05 \x03(\x0b\x32\x1d.dagrl.metrics.v1.PhaseTiming\"\xd6\x01\n\nNodeTiming\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12+\n\x05ranks\x18\x02 \x03(\x0b\x32\x1c.dagrl.metrics.v1.RankTiming\x12\r\n\x05max_s\x18\x03 \x01(\x01\x12\x0e\n\x06mean_s\x18\x04 \x01(\x01\x12\x16\n\x0estraggler_rank\x18\x05 \x01(\x05\x12\x17\n\x0fstraggler_lag_s\x18\x06 \x01(\x01\x12\x0c\n\x04\x64\x65ps\x18\x07 \x03(\t\x12\x18\n\x10on_critical_path\x18\x08 \x01(\x08\x12\x12\n\nstep_phase\x18\t \x01(\t\"\xfa\x03\n\x0bStepSummary\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x13\n\x0bwall_time_s\x18\x03 \x01(\x01\x12+\n\x05nodes\x18\x04 \x03(\x0b\x32\x1c.dagrl.metrics.v1.NodeTiming\x12\x15\n\rcritical_path\x18\x05 \x03(\t\x12\x14\n\x0ctokens_per_s\x18\x06 \x01(\x01\x12\x19\n\x11time_per_token_ms\x18\x07 \x01(\x01\x12\x10\n\x03mfu\x18\x08 \x01(\x01H\x00\x88\x01\x01\x12;\n\x07metrics\x18\t \x03(\x0b\x32*.dagrl.metrics.v1.StepSummary.MetricsEntry\x12\x15\n\rstart_unix_ns\x18\n \x01(\x03\x12\x17\n\x0f\x63ritical_path_s\x18\x0b \x01(\x01\x12\x0e\n\x06tokens\x18\x0c \x01(\x03\x12\x30\n\nrank_steps\x18\r \x03(\x0b\x32\x1c.dagrl.metrics.v1.RankTiming\x12\x10\n\x08trace_id\x18\x0e \x01(\t\x12\x10\n\x08\x63omplete\x18\x0f \x01(\x08\x12\x11\n\tnum_ranks\x18\x10 \x01(\x05\x12\x13\n\x0b\x62ytes_moved\x18\x11 \x01(\x03\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x06\n\x04_mfu\"C\n\x15GetStepSummaryRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\x04step\x18\x02 \x01(\x03H\x00\x88\x01\x01\x42\x07\n\x05_step\"1\n\x10ListStepsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\"A\n\x11ListStepsResponse\x12,\n\x05steps\x18\x01 \x03(\x0b\x32\x1d.dagrl.metrics.v1.StepSummary\"6\n\x11WatchStepsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tfrom_step\x18\x02 \x01(\x03\x32\x99\x02\n\x13MetricsQueryService\x12X\n\x0eGetStepSummary\x12\'.dagrl.metrics.v1.GetStepSummaryRequest\x1a\x1d.dagrl.metrics.v1.StepSummary\x12T\n\tListSteps\x12\".dagrl.metrics.v1.ListStepsRequest\x1a#.dagrl.metrics.v1.ListStepsResponse\x12R\n\nWatchSteps\x12#.dagrl.metrics.v1.WatchStepsRequest\x1a\x1d.dagrl.metrics.v1.StepSummary0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,19 +38,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RANKTIMING']._serialized_start=164
   _globals['_RANKTIMING']._serialized_end=296
   _globals['_NODETIMING']._serialized_start=299
-  _globals['_NODETIMING']._serialized_end=493
-  _globals['_STEPSUMMARY']._serialized_start=496
-  _globals['_STEPSUMMARY']._serialized_end=1002
-  _globals['_STEPSUMMARY_METRICSENTRY']._serialized_start=948
-  _globals['_STEPSUMMARY_METRICSENTRY']._serialized_end=994
-  _globals['_GETSTEPSUMMARYREQUEST']._serialized_start=1004
-  _globals['_GETSTEPSUMMARYREQUEST']._serialized_end=1071
-  _globals['_LISTSTEPSREQUEST']._serialized_start=1073
-  _globals['_LISTSTEPSREQUEST']._serialized_end=1122
-  _globals['_LISTSTEPSRESPONSE']._serialized_start=1124
-  _globals['_LISTSTEPSRESPONSE']._serialized_end=1189
-  _globals['_WATCHSTEPSREQUEST']._serialized_start=1191
-  _globals['_WATCHSTEPSREQUEST']._serialized_end=1245
-  _globals['_METRICSQUERYSERVICE']._serialized_start=1248
-  _globals['_METRICSQUERYSERVICE']._serialized_end=1529
+  _globals['_NODETIMING']._serialized_end=513
+  _globals['_STEPSUMMARY']._serialized_start=516
+  _globals['_STEPSUMMARY']._serialized_end=1022
+  _globals['_STEPSUMMARY_METRICSENTRY']._serialized_start=968
+  _globals['_STEPSUMMARY_METRICSENTRY']._serialized_end=1014
+  _globals['_GETSTEPSUMMARYREQUEST']._serialized_start=1024
+  _globals['_GETSTEPSUMMARYREQUEST']._serialized_end=1091
+  _globals['_LISTSTEPSREQUEST']._serialized_start=1093
+  _globals['_LISTSTEPSREQUEST']._serialized_end=1142
+  _globals['_LISTSTEPSRESPONSE']._serialized_start=1144
+  _globals['_LISTSTEPSRESPONSE']._serialized_end=1209
+  _globals['_WATCHSTEPSREQUEST']._serialized_start=1211
+  _globals['_WATCHSTEPSREQUEST']._serialized_end=1265
+  _globals['_METRICSQUERYSERVICE']._serialized_start=1268
+  _globals['_METRICSQUERYSERVICE']._serialized_end=1549
 # @@protoc_insertion_point(module_scope)

@@ -103,6 +103,7 @@ class NodeTiming(_message.Message):
     STRAGGLER_LAG_S_FIELD_NUMBER: _builtins.int
     DEPS_FIELD_NUMBER: _builtins.int
     ON_CRITICAL_PATH_FIELD_NUMBER: _builtins.int
+    STEP_PHASE_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     max_s: _builtins.float
     mean_s: _builtins.float
@@ -114,6 +115,11 @@ class NodeTiming(_message.Message):
     straggler_lag_s: _builtins.float
     """its time minus the median rank's time"""
     on_critical_path: _builtins.bool
+    step_phase: _builtins.str
+    """What the node does in the RL step (rollout, reward, advantage, log_probs, update, ...:
+    dagrl.workflow.step_phases.StepPhase), from the node span's dagrl.step_phase; empty
+    when the span did not say.
+    """
     @_builtins.property
     def ranks(self) -> _containers.RepeatedCompositeFieldContainer[Global___RankTiming]:
         """sorted by rank"""
@@ -133,10 +139,11 @@ class NodeTiming(_message.Message):
         straggler_lag_s: _builtins.float = ...,
         deps: _abc.Iterable[_builtins.str] | None = ...,
         on_critical_path: _builtins.bool = ...,
+        step_phase: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deps", b"deps", "max_s", b"max_s", "mean_s", b"mean_s", "node_id", b"node_id", "on_critical_path", b"on_critical_path", "ranks", b"ranks", "straggler_lag_s", b"straggler_lag_s", "straggler_rank", b"straggler_rank"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deps", b"deps", "max_s", b"max_s", "mean_s", b"mean_s", "node_id", b"node_id", "on_critical_path", b"on_critical_path", "ranks", b"ranks", "step_phase", b"step_phase", "straggler_lag_s", b"straggler_lag_s", "straggler_rank", b"straggler_rank"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
