@@ -8,8 +8,8 @@ in submission order among equals. The queue is strict: a job never starts ahead 
 before it, so a large job is not starved by a stream of small ones. A job that could never fit
 (more ranks than the slots) is refused at submit (`too_large_problem`).
 
-Plain logic under one lock, no I/O: the manager (`dagrl_scheduler.manager`) records the states
-and positions in the job store.
+Plain logic under one lock, no I/O: the dispatcher (`dagrl_scheduler.dispatcher`) records the
+states and positions in the job store.
 """
 
 from __future__ import annotations

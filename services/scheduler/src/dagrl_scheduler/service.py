@@ -1,7 +1,8 @@
 """The gRPC servicer: request validation, proto <-> domain conversion, errors -> status codes.
 
-Business logic lives in `JobManager` and `planning`; each RPC here checks its request, calls
-one manager method and converts the answer. Every error leaves through
+Business logic lives behind `JobManager` (`manager`, which composes the job planner, the
+dispatcher, the driver supervisor and the watcher) and in `planning`; each RPC here checks its
+request, calls one manager method and converts the answer. Every error leaves through
 `dagrl.rpc.status.abort_with`, the one place that maps errors to status codes. A WatchJob
 stream holds one of the server's stream slots (`dagrl.rpc.streams`) while it is open.
 """
