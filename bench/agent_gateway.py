@@ -39,10 +39,9 @@ from transformers import AutoModelForCausalLM
 
 from dagrl.data import read_parquet
 from dagrl.envs import CalculatorToolEnv, agent_options
-from dagrl.models import load_tokenizer
 from dagrl.models.demo import TOOL_USE, DemoRecipe, prepare_assets
 from dagrl.models.smollm2 import build_checkpoint
-from dagrl.models.tokenizer import encode_chat_prompt
+from dagrl.tokenizing import encode_chat_prompt, load_tokenizer
 from dagrl_worker.agents.batcher import GenerationBatcher
 from dagrl_worker.agents.episodes import EpisodeOutcome, run_episodes
 from dagrl_worker.agents.gateway import Gateway

@@ -32,7 +32,7 @@ import torch
 
 from dagrl.envs import StepResult, agent_options
 from dagrl.models import TinyModelSpec, build_char_tokenizer, build_tiny_model
-from dagrl.models.tokenizer import encode_chat_prompt
+from dagrl.tokenizing import encode_chat_prompt
 from dagrl_worker.rollout import HFRollout, SamplingParams
 from dagrl_worker.rollout.multiturn import GenerateFn, TurnLimits, backend_generate_fn, run_episodes
 from dagrl_worker.rollout.processing import TurnProcessor

@@ -66,7 +66,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from dagrl.data import read_parquet
 from dagrl.local import LocalRedis
-from dagrl.models import encode_chat_prompt, load_model_and_tokenizer
+from dagrl.models import load_model_and_tokenizer
+from dagrl.tokenizing import encode_chat_prompt
 from dagrl_worker.device import cpu_has_native_bf16
 from dagrl_worker.driver import JobOutcome
 from dagrl_worker.training.flops import FlopCounter

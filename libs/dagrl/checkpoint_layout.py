@@ -99,7 +99,7 @@ def _model_difference(saved: Path, named: Path, config: JobConfig) -> str:
 
 
 def _tokenizer_difference(saved: Path, named: Path, config: JobConfig) -> str:
-    from dagrl.models import load_tokenizer  # transformers: only when there is a resume
+    from dagrl.tokenizing import load_tokenizer  # transformers: only when there is a resume
 
     trust = config.actor_rollout_ref.model.trust_remote_code
     try:

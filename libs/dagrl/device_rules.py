@@ -10,8 +10,11 @@ caller knows them for its own place, so each checks as early as it can, in the s
 - a rank: the GPU Ray gave it and what its Python can import (`dagrl_worker.device`), again,
   for the jobs a Driver runs without the scheduler.
 
-Rules read names and flags only (no model loads). What a rank decides for its device once it
-runs (`dagrl_worker.device.for_device`) follows `wants_gpu`, so the check and the decision agree.
+Rules read names and flags only (no model loads). `trainer.device: auto` is decided in one
+place, `resolve_device`, by every caller from what it knows of the GPUs: a rank (the GPU Ray
+gave it), the driver and the scheduler (the Ray cluster's GPUs), the scheduler without a Ray
+cluster (a GPU driver on its machine). What a rank decides for its device once it runs
+(`dagrl_worker.device.for_device`) follows it too, so the check and the decision agree.
 """
 
 from __future__ import annotations
@@ -45,12 +48,17 @@ def is_importable(package: str) -> bool:
     return importlib.util.find_spec(package) is not None
 
 
+def resolve_device(setting: str, gpus_available: bool) -> str:
+    """The device kind ranks run on, "cuda" or "cpu": `trainer.device`, with auto following
+    `gpus_available` (what the caller knows of the GPUs there: see the module docstring)."""
+    if setting == "cuda" or (setting == "auto" and gpus_available):
+        return "cuda"
+    return "cpu"
+
+
 def wants_gpu(setting: str, gpus_available: bool) -> bool:
-    """Whether ranks run on GPUs: `trainer.device`, with auto following what is there (the
-    driver: the Ray cluster's GPUs; a rank: the GPU Ray gave it)."""
-    if setting == "cuda":
-        return True
-    return setting == "auto" and gpus_available
+    """Whether ranks run on GPUs (`resolve_device` says cuda)."""
+    return resolve_device(setting, gpus_available) == "cuda"
 
 
 def check_devices(config: JobConfig, facts: DeviceFacts, source: str | None = None) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
+from dagrl.algorithm_names import ESTIMATOR_NEEDS
 from dagrl.batch import schema as fields
 from dagrl.batch.schema import ExecutorKind
 from dagrl.config import JobConfig, node_config
@@ -247,7 +248,9 @@ def _read_because(kind: ExecutorKind, field: str) -> str:
     if kind == ExecutorKind.ACTOR_UPDATE and field == fields.ROLLOUT_LOG_PROBS:
         return ", or set algorithm.rollout_correction.mode: off"
     if kind == ExecutorKind.ADVANTAGE and field == fields.VALUES:
-        return ", or set algorithm.adv_estimator to one without a critic (grpo, rloo, ...)"
+        critic_free = [name for name, needs in ESTIMATOR_NEEDS.items() if not needs.values]
+        return (", or set algorithm.adv_estimator to one without a critic "
+                f"({', '.join(critic_free)})")
     return ""
 
 
@@ -280,7 +283,8 @@ def _model_reward_problems(graph: TaskGraph) -> list[str]:
             problems.append(reward_model_path_problem(node.node_id))
         if not any(graph[d].node_type == NodeType.COMPUTE and graph[d].node_role == NodeRole.REWARD
                    for d in graph.descendants(node.node_id)):
-            what = "judge_scores" if options.judge_template is not None else "rm_scores"
+            what = (fields.JUDGE_SCORES if options.judge_template is not None
+                    else fields.RM_SCORES)
             problems.append(
                 f"node {node.node_id!r} (MODEL_INFERENCE + REWARD) adds {what}, but no COMPUTE "
                 "REWARD node after it turns them into rewards: add one that depends on it, "

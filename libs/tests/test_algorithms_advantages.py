@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from dagrl.algorithm_names import ESTIMATOR_NEEDS, EstimatorNeeds
 from dagrl.algorithms import (
     ADVANTAGE_ESTIMATORS,
     AdvantageInputs,
@@ -34,6 +35,8 @@ GROUP_IDS = ["a", "b", "a", "b"]
 REWARDS = torch.tensor([[0.0, 1.0, 50.0], [0.0, 0.0, 0.5], [0.0, 0.0, 0.0], [0.0, 0.0, 0.5]])
 MASK = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 1, 1], [1, 1, 1]])
 # Scores: a -> 1 and 0 (mean 0.5, unbiased std sqrt(0.5)); b -> 0.5 and 0.5 (std 0).
+# A critic's values of the same positions (gae).
+VALUES = torch.tensor([[0.1, 0.2, 0.3], [0.3, 0.2, 0.1], [0.0, 0.5, 1.0], [1.0, 1.0, 1.0]])
 
 
 def test_grpo_normalizes_by_group_mean_and_std() -> None:
@@ -147,10 +150,9 @@ def test_reinforce_plus_plus_baseline_subtracts_group_mean_then_whitens() -> Non
 
 
 def test_compute_advantage_dispatches_by_name() -> None:
-    values = torch.tensor([[0.1, 0.2, 0.3], [0.3, 0.2, 0.1], [0.0, 0.5, 1.0], [1.0, 1.0, 1.0]])
-    inputs = AdvantageInputs(REWARDS, MASK, values=values, group_ids=GROUP_IDS, gamma=0.9, lam=0.7)
+    inputs = AdvantageInputs(REWARDS, MASK, values=VALUES, group_ids=GROUP_IDS, gamma=0.9, lam=0.7)
     direct = {
-        "gae": compute_gae_advantage_return(REWARDS, values, MASK, 0.9, 0.7),
+        "gae": compute_gae_advantage_return(REWARDS, VALUES, MASK, 0.9, 0.7),
         "grpo": compute_grpo_outcome_advantage(REWARDS, MASK, GROUP_IDS),
         "drgrpo": compute_grpo_outcome_advantage(REWARDS, MASK, GROUP_IDS, False),
         "rloo": compute_rloo_outcome_advantage(REWARDS, MASK, GROUP_IDS),
@@ -171,18 +173,33 @@ def test_compute_advantage_unknown_name_lists_the_valid_ones() -> None:
         compute_advantage("ppo", AdvantageInputs(REWARDS, MASK))
 
 
-@pytest.mark.parametrize(
-    ("name", "missing"),
-    [
-        ("gae", "values"),
-        ("grpo", "group_ids"),
-        ("rloo", "group_ids"),
-        ("reinforce_plus_plus_baseline", "group_ids"),
-    ],
-)
-def test_compute_advantage_names_the_missing_input(name: str, missing: str) -> None:
-    with pytest.raises(AlgorithmError, match=f"AdvantageInputs.{missing} is None"):
-        compute_advantage(name, AdvantageInputs(REWARDS, MASK))
+def test_the_needs_table_covers_every_estimator() -> None:
+    assert set(ESTIMATOR_NEEDS) == set(ADVANTAGE_ESTIMATORS)
+    assert ESTIMATOR_NEEDS["reinforce_plus_plus_baseline"].groups
+
+
+@pytest.mark.parametrize(("name", "needs"), ESTIMATOR_NEEDS.items(), ids=list(ESTIMATOR_NEEDS))
+def test_an_estimator_needs_group_ids_exactly_when_the_table_says(
+        name: str, needs: EstimatorNeeds) -> None:
+    without_groups = AdvantageInputs(REWARDS, MASK, values=VALUES)
+    if needs.groups:
+        with pytest.raises(AlgorithmError, match=r"AdvantageInputs\.group_ids is None"):
+            compute_advantage(name, without_groups)
+    else:
+        advantages, _ = compute_advantage(name, without_groups)
+        assert advantages.shape == REWARDS.shape and bool(torch.isfinite(advantages).all())
+
+
+@pytest.mark.parametrize(("name", "needs"), ESTIMATOR_NEEDS.items(), ids=list(ESTIMATOR_NEEDS))
+def test_an_estimator_needs_values_exactly_when_the_table_says(
+        name: str, needs: EstimatorNeeds) -> None:
+    without_values = AdvantageInputs(REWARDS, MASK, group_ids=GROUP_IDS)
+    if needs.values:
+        with pytest.raises(AlgorithmError, match=r"AdvantageInputs\.values is None"):
+            compute_advantage(name, without_values)
+    else:
+        advantages, _ = compute_advantage(name, without_values)
+        assert advantages.shape == REWARDS.shape and bool(torch.isfinite(advantages).all())
 
 
 @pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))

@@ -13,6 +13,7 @@ from dagrl.algorithms import (
     LOSS_AGG_MODES,
     AlgorithmError,
     PolicyLossConfig,
+    agg_denominator,
     agg_loss,
     compute_policy_loss,
     compute_policy_loss_gspo,
@@ -53,6 +54,31 @@ def test_agg_loss_seq_modes_skip_sequences_without_tokens() -> None:
 def test_agg_loss_unknown_mode_lists_the_valid_ones() -> None:
     with pytest.raises(AlgorithmError, match=r"unknown loss_agg_mode 'mean'.*'token-mean'"):
         agg_loss(LOSS_MAT, LOSS_MASK, "mean")
+
+
+# Four rows: 6 kept tokens, 3 sequences with a kept token (row 1 has none).
+SHARDED_LOSS = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0], [1.0, 1.0, 2.0]])
+SHARDED_MASK = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 1, 1], [0, 1, 0]])
+
+
+def test_agg_denominator_counts_kept_tokens_or_sequences_with_one() -> None:
+    counted = {mode: int(agg_denominator(SHARDED_MASK, mode)) for mode in LOSS_AGG_MODES}
+    assert counted == {"token-mean": 6, "seq-mean-token-sum": 3, "seq-mean-token-mean": 3,
+                       "seq-mean-token-sum-norm": 3}
+    with pytest.raises(AlgorithmError, match=r"unknown loss_agg_mode 'mean'"):
+        agg_denominator(SHARDED_MASK, "mean")
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_shards_weighed_by_their_denominators_give_the_whole_batch_loss(mode: str) -> None:
+    """What the PPO loop's data-parallel scaling relies on: `agg_denominator` is what
+    `agg_loss` divides by, so each shard's loss x its share of the denominator sums to the loss
+    of all rows (the shard of row 1 alone has nothing to count)."""
+    total = agg_denominator(SHARDED_MASK, mode)
+    weighed = sum(agg_loss(SHARDED_LOSS[rows], SHARDED_MASK[rows], mode)
+                  * agg_denominator(SHARDED_MASK[rows], mode) / total
+                  for rows in (slice(0, 1), slice(1, 2), slice(2, 4)))
+    assert_close(weighed, agg_loss(SHARDED_LOSS, SHARDED_MASK, mode))
 
 
 # --- PPO policy loss ------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from dagrl.algorithm_names import ESTIMATOR_NEEDS, EstimatorNeeds
 from dagrl.config import JobConfig, build, load_job_config, to_dict
 from dagrl.errors import ConfigError
 
@@ -60,6 +61,26 @@ def test_cross_section_rules() -> None:
     assert "train_batch_size (10) must be divisible by" in text
     assert "must be divisible by ppo_micro_batch_size_per_rank (3)" in text
     assert "set actor_rollout_ref.rollout.n >= 2" in text
+
+
+def test_reinforce_plus_plus_baseline_with_one_sample_per_prompt_is_refused() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_job_config(data={"algorithm": {"adv_estimator": "reinforce_plus_plus_baseline"},
+                              "actor_rollout_ref": {"rollout": {"n": 1}}})
+    assert info.value.problems == [
+        "algorithm.adv_estimator reinforce_plus_plus_baseline compares samples of one prompt: "
+        "set actor_rollout_ref.rollout.n >= 2 (got 1)"]
+
+
+@pytest.mark.parametrize(("name", "needs"), ESTIMATOR_NEEDS.items(), ids=list(ESTIMATOR_NEEDS))
+def test_one_sample_per_prompt_is_refused_exactly_for_group_estimators(
+        name: str, needs: EstimatorNeeds) -> None:
+    data = {"algorithm": {"adv_estimator": name}, "actor_rollout_ref": {"rollout": {"n": 1}}}
+    if needs.groups:
+        with pytest.raises(ConfigError, match=r"set actor_rollout_ref\.rollout\.n >= 2"):
+            load_job_config(data=data)
+    else:
+        assert load_job_config(data=data).actor_rollout_ref.rollout.n == 1
 
 
 def test_bool_is_not_an_int_and_int_is_a_float() -> None:

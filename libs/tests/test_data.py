@@ -24,8 +24,9 @@ from dagrl.data import (
     write_parquet,
 )
 from dagrl.errors import DagrlError, DatasetError
-from dagrl.models import build_char_tokenizer, encode_chat_prompt
+from dagrl.models import build_char_tokenizer
 from dagrl.rewards import compute_score
+from dagrl.tokenizing import encode_chat_prompt
 
 # The chat template wraps "12+34=" (6 characters) in 20 more tokens.
 TEMPLATE_OVERHEAD = 20

@@ -7,7 +7,14 @@ from __future__ import annotations
 import pytest
 
 from dagrl.config import load_job_config
-from dagrl.device_rules import DeviceFacts, check_devices, device_problems, local_facts
+from dagrl.device_rules import (
+    DeviceFacts,
+    check_devices,
+    device_problems,
+    local_facts,
+    resolve_device,
+    wants_gpu,
+)
 from dagrl.errors import ConfigError
 
 NO_GPU = DeviceFacts(0, "this machine", has_flash_attn=False, has_liger_kernel=False)
@@ -68,3 +75,13 @@ def test_this_machines_facts_are_what_torch_sees() -> None:
     facts = local_facts()
     assert facts.gpus == torch.cuda.device_count() and facts.where == "this machine"
     assert isinstance(facts.has_flash_attn, bool)
+
+
+@pytest.mark.parametrize(("setting", "gpus_available", "kind"), [
+    ("auto", True, "cuda"), ("auto", False, "cpu"), ("cpu", True, "cpu"), ("cpu", False, "cpu"),
+    ("cuda", True, "cuda"), ("cuda", False, "cuda"),  # refused by cuda_without_gpu, not here
+])
+def test_trainer_device_follows_the_gpus_the_caller_knows_of_only_when_auto(
+        setting: str, gpus_available: bool, kind: str) -> None:
+    assert resolve_device(setting, gpus_available) == kind
+    assert wants_gpu(setting, gpus_available) is (kind == "cuda")

@@ -27,12 +27,11 @@ from dagrl.models import (
     build_char_tokenizer,
     build_tiny_model,
     count_parameters,
-    encode_chat_prompt,
     load_model_and_tokenizer,
-    load_tokenizer,
     supervised_warm_start,
 )
 from dagrl.models.demo import warm_start_examples
+from dagrl.tokenizing import encode_chat_prompt, load_tokenizer
 
 FIXED_INPUT = [[2, 3, 20, 17, 30, 26, 11, 12]]  # <bos><|im_start|> then characters
 

@@ -18,7 +18,8 @@ from dagrl.data import PromptDataset, read_parquet
 from dagrl.data.job_files import data_file_problems
 from dagrl.data.prompt_dataset import CHARS_PER_TOKEN, fit_prompt
 from dagrl.errors import DatasetError
-from dagrl.models.tokenizer import CHAT_TEMPLATE, build_char_tokenizer, encode_chat_prompt
+from dagrl.models.tokenizer import CHAT_TEMPLATE, build_char_tokenizer
+from dagrl.tokenizing import encode_chat_prompt
 
 GOOD = {"prompt": [{"role": "user", "content": "1+1="}], "ground_truth": "2",
         "data_source": "arith"}

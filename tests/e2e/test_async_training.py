@@ -139,12 +139,13 @@ def test_async_restart_trains_every_prompt_once_in_order(ray_session: None, asse
 
 def test_stale_samples_leave_the_loss() -> None:
     from dagrl.batch import Batch
-    from dagrl_worker.async_training.staleness import ROLLOUT_VERSION, guard_staleness
+    from dagrl.batch import schema as fields
+    from dagrl_worker.async_training.staleness import guard_staleness
     from dagrl_worker.metrics import MetricSink
 
     mask = torch.ones(4, 3, dtype=torch.long)
     batch = Batch(tensors={"response_mask": mask,
-                           ROLLOUT_VERSION: torch.tensor([5, 4, 3, 2])},
+                           fields.ROLLOUT_VERSION: torch.tensor([5, 4, 3, 2])},
                   columns={"uid": ["a", "b", "c", "d"]})
     sink = MetricSink()
     guarded = guard_staleness(batch, policy_version=5, max_staleness=1, sink=sink)

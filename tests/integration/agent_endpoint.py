@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from dagrl.batch import Batch
-from dagrl.models import load_tokenizer
+from dagrl.tokenizing import load_tokenizer
 from dagrl_worker.agents.batcher import GenerationBatcher
 from dagrl_worker.agents.gateway import Gateway
 from dagrl_worker.agents.protocol import GatewayLimits

@@ -18,7 +18,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from dagrl.models import load_tokenizer
+from dagrl.tokenizing import load_tokenizer
 from dagrl_worker.agents.batcher import GenerationBatcher
 from dagrl_worker.agents.episodes import EpisodeOutcome, run_episodes
 from dagrl_worker.agents.gateway import Gateway

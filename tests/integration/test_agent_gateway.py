@@ -14,8 +14,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from dagrl.models import load_tokenizer
 from dagrl.models.smollm2 import build_checkpoint
+from dagrl.tokenizing import load_tokenizer
 from dagrl_worker.agents.episodes import EpisodeOutcome, episodes_to_batch, run_episodes
 from dagrl_worker.agents.gateway import Gateway
 from dagrl_worker.prompts import prompts_to_batch

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 from dagrl.algorithms import FixedKLController
 from dagrl.config import load_job_config
 from dagrl.errors import ConfigError
-from dagrl.models import load_tokenizer
+from dagrl.tokenizing import load_tokenizer
 from dagrl.workflow import Node, NodeRole, NodeType
 from dagrl_worker.executors.agent import AgentError, AgentRolloutExecutor
 from dagrl_worker.executors.base import AgentModels, StepContext

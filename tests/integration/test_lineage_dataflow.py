@@ -14,12 +14,13 @@ import torch
 import yaml
 
 from dagrl.batch import GROUP_ID, UID, Batch
+from dagrl.batch import schema as fields
 from dagrl.local import LocalRedis
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.workflow import load_workflow, parse_workflow
 from dagrl_databuffer.client import DataBufferClient
 from dagrl_scheduler.planning import Cluster, make_plan
-from dagrl_worker.dataflow import PARENT_UID, EdgeRouter, chained_group_id, lineage_link
+from dagrl_worker.dataflow import EdgeRouter, chained_group_id, lineage_link
 from dagrl_worker.plan_view import PlanView
 
 pytestmark = pytest.mark.integration
@@ -48,7 +49,7 @@ def agent1_answers(parents: Batch) -> Batch:
     return Batch(tensors={"token_level_scores": scores, "response_mask": torch.ones(
                      len(uids), WIDTH, dtype=torch.long)},
                  columns={UID: uids, GROUP_ID: [chained_group_id(p, 1) for p in parent_uids],
-                          PARENT_UID: parent_uids})
+                          fields.PARENT_UID: parent_uids})
 
 
 def test_spread_chain_hands_each_rank_the_answers_to_its_own_samples(

@@ -19,7 +19,8 @@ from dagrl.models.reward_model import (
     scored,
     wrong_answer,
 )
-from dagrl.models.tokenizer import build_char_tokenizer, load_tokenizer
+from dagrl.models.tokenizer import build_char_tokenizer
+from dagrl.tokenizing import load_tokenizer
 
 SMALL = DemoRecipe(n_train=40, n_val=8, hidden_size=32, num_layers=1, warm_steps=2,
                    warm_batch_size=8)

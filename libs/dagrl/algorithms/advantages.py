@@ -7,7 +7,9 @@ from config. Every estimator returns `(advantages, returns)`, both [B, T], zero 
 
 Group-based estimators take `group_ids`: one hashable id per sample (the prompt it came from);
 all samples of a group must be in the batch, which the databuffer guarantees by resharding
-whole groups.
+whole groups. Which estimators need `group_ids` and which need a critic's `values` is
+`dagrl.algorithm_names.ESTIMATOR_NEEDS` (the job check reads it too); a test holds the
+estimators here to that table.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ GroupIds = Sequence[Hashable] | torch.Tensor
 class AdvantageInputs:
     """Everything any estimator may read; `compute_advantage` passes each the fields it needs.
 
-    `values` is needed by "gae" only; `group_ids` by "grpo", "drgrpo", "rloo" and
-    "reinforce_plus_plus_baseline". `gamma` is used by "gae" and "reinforce_plus_plus",
+    `values` and `group_ids` are needed by the estimators `ESTIMATOR_NEEDS` marks `values` and
+    `groups` (`dagrl.algorithm_names`). `gamma` is used by "gae" and "reinforce_plus_plus",
     `lam` by "gae", `epsilon` and `norm_adv_by_std_in_grpo` by "grpo" (False: Dr.GRPO, the
     group-centred score without the std division, as "drgrpo" always does).
     """
@@ -230,6 +232,7 @@ AdvantageFn = Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor]]
 
 
 def _need_values(inputs: AdvantageInputs, name: str) -> torch.Tensor:
+    """`inputs.values`, for an estimator `ESTIMATOR_NEEDS` marks `values`."""
     if inputs.values is None:
         raise AlgorithmError(
             f"advantage estimator {name!r} needs critic values, but AdvantageInputs.values is "
@@ -239,6 +242,7 @@ def _need_values(inputs: AdvantageInputs, name: str) -> torch.Tensor:
 
 
 def _need_groups(inputs: AdvantageInputs, name: str) -> GroupIds:
+    """`inputs.group_ids`, for an estimator `ESTIMATOR_NEEDS` marks `groups`."""
     if inputs.group_ids is None:
         raise AlgorithmError(
             f"advantage estimator {name!r} compares samples of the same prompt, but "
@@ -300,7 +304,7 @@ def compute_advantage(name: str, inputs: AdvantageInputs) -> tuple[torch.Tensor,
     """Run the estimator called `name` (a key of `ADVANTAGE_ESTIMATORS`) on `inputs`.
 
     Returns (advantages [B, T], returns [B, T]). An unknown name, or an estimator missing the
-    `values` or `group_ids` it needs, raises `AlgorithmError`.
+    `values` or `group_ids` it needs (`ESTIMATOR_NEEDS[name]`), raises `AlgorithmError`.
     """
     estimator = ADVANTAGE_ESTIMATORS.get(name)
     if estimator is None:

@@ -2,7 +2,8 @@
 
 Owns the PPO clipped policy loss (with DAPO's asymmetric clip and dual-clip), the GSPO
 sequence-level policy loss, the clipped PPO value loss, `agg_loss` (how a [B, T] loss matrix
-becomes one number), `entropy_from_logits` and `log_probs_from_logits`. Pure torch: callers run
+becomes one number) with `agg_denominator` (what it divides by), `entropy_from_logits` and
+`log_probs_from_logits`. Pure torch: callers run
 the model and the optimizer. Does not own advantages (`advantages.py`) or KL (`kl.py`).
 """
 
@@ -26,6 +27,20 @@ from dagrl.algorithms.masked import masked_mean, masked_sum
 # exp() of a large log-ratio would overflow to inf (and inf * 0 = NaN in the loss).
 _MAX_TOKEN_LOG_RATIO = 20.0
 _MAX_SEQ_LOG_RATIO = 10.0
+# Smallest denominator `agg_loss` divides by: an empty mask then gives 0 instead of NaN.
+_MIN_DENOMINATOR = 1e-8
+
+
+def agg_denominator(loss_mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """What `agg_loss(loss_mat, loss_mask, mode)` divides by, a 0-dim tensor on the mask's
+    device: the kept tokens ("token-mean"), or the sequences with a kept token (the seq-mean
+    modes). A data-parallel loop sums it over ranks to weigh each rank's share of the loss
+    (the worker's `training.ppo`), so the update is the one `agg_loss` gives on all rows."""
+    if mode == "token-mean":
+        return loss_mask.sum()
+    if mode not in LOSS_AGG_MODES:
+        raise unknown_name_error("loss_agg_mode", mode, LOSS_AGG_MODES)
+    return (loss_mask.sum(dim=-1) > 0).sum()
 
 
 def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, mode: str) -> torch.Tensor:
@@ -41,10 +56,9 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, mode: str) -> torc
     `LOSS_AGG_MODES` (listed in `dagrl.algorithm_names`: the job config accepts exactly them).
     """
     require_ndim("loss_mat", loss_mat, 2, "[B, T]")
+    denominator = agg_denominator(loss_mask, mode).to(loss_mat.dtype).clamp(min=_MIN_DENOMINATOR)
     if mode == "token-mean":
-        return masked_mean(loss_mat, loss_mask)
-    if mode not in LOSS_AGG_MODES:
-        raise unknown_name_error("loss_agg_mode", mode, LOSS_AGG_MODES)
+        return masked_sum(loss_mat, loss_mask) / denominator
     token_sums = masked_sum(loss_mat, loss_mask, dim=-1)  # [B]
     token_counts = loss_mask.to(loss_mat.dtype).sum(dim=-1)  # [B]
     if mode == "seq-mean-token-sum":
@@ -53,7 +67,7 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, mode: str) -> torc
         seq_losses = token_sums / token_counts.clamp(min=1e-8)
     else:
         seq_losses = token_sums / loss_mat.shape[-1]
-    return masked_mean(seq_losses, token_counts > 0)
+    return masked_sum(seq_losses, token_counts > 0) / denominator
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """The built-in batch fields, each declared once, and what each built-in executor reads and writes.
 
 A `Batch` stays a mapping of named tensors and columns (custom nodes add fields of their own
-freely); this module names the fields dagrl's own executors exchange: their shape, dtype, which
-node adds them and a one-line doc. Code writes `fields.RESPONSE_MASK`, not `"response_mask"`.
+freely); this module names the fields dagrl's own code exchanges: their shape, dtype, which
+node adds them and a one-line doc. It is their one home: code writes `fields.RESPONSE_MASK`,
+not `"response_mask"`, and declares no name of its own for a built-in field. (The dataset's
+parquet columns, verl's format, share some names: `dagrl.data.parquet` owns those.)
 
 `EXECUTOR_READS` / `EXECUTOR_WRITES` say, per built-in executor kind (the node kinds the
 worker's `executors.table.build_executor` maps), which fields it needs and adds; `reads` adds
@@ -20,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
+from dagrl.algorithm_names import ESTIMATOR_NEEDS
+
 BATCH, PROMPT, RESPONSE, SEQUENCE = "batch", "prompt", "response", "sequence"
 
 # Names of the built-in fields (tensors unless said otherwise).
@@ -35,6 +39,7 @@ ROLLOUT_LOG_PROBS = "rollout_log_probs"
 TOKEN_LEVEL_SCORES = "token_level_scores"
 RM_SCORES = "rm_scores"
 JUDGE_SCORES = "judge_scores"
+ROLLOUT_VERSION = "rollout_version"
 TOKEN_LEVEL_REWARDS = "token_level_rewards"
 ADVANTAGES = "advantages"
 RETURNS = "returns"
@@ -46,6 +51,10 @@ UID = "uid"
 GROUP_ID = "group_id"
 INDEX = "index"
 GROUND_TRUTH = "ground_truth"
+DATA_SOURCE = "data_source"
+EXTRA_INFO = "extra_info"
+NUM_TURNS = "num_turns"
+PARENT_UID = "parent_uid"
 
 
 class ExecutorKind(StrEnum):
@@ -109,13 +118,16 @@ EXECUTOR_CLASSES: Mapping[ExecutorKind, tuple[str, ...]] = {
 @dataclass(frozen=True)
 class FieldSpec:
     """One built-in field: `shape` in named dims (`()` per-sample for a column), `dtype` torch's
-    name ("" for a column of Python values), the executor kinds that add it, what it holds."""
+    name ("" for a column of Python values), the executor kinds that add it, what it holds.
+    `only_when` says which executors of those kinds add it when not all of them do (then it is
+    not in their `EXECUTOR_WRITES`, and the job check never counts on it)."""
 
     name: str
     shape: tuple[str, ...]
     dtype: str
     produced_by: tuple[ExecutorKind, ...]
     doc: str
+    only_when: str = ""
 
     @property
     def is_column(self) -> bool:
@@ -142,6 +154,14 @@ FIELDS: Mapping[str, FieldSpec] = {spec.name: spec for spec in (
     FieldSpec(ROLLOUT_LOG_PROBS, (BATCH, RESPONSE), "float32", _MODEL_INPUT,
               "each sampled token's log-prob under the engine's sampling distribution "
               "(0 off the response mask)"),
+    FieldSpec(ROLLOUT_VERSION, (BATCH,), "int64", _MODEL_INPUT,
+              "the policy version that generated each sample (the worker tags every ROLLOUT "
+              "node's output; an agent's, the oldest version among its calls)"),
+    FieldSpec(NUM_TURNS, (BATCH,), "", _MODEL_INPUT, "assistant turns of each sample's episode",
+              only_when="multi-turn and agent rollouts"),
+    FieldSpec(PARENT_UID, (BATCH,), "", _MODEL_INPUT,
+              "the uid of the previous agent's sample a chained agent's sample answers (its "
+              "lineage)", only_when="chained rollouts (agent_options.chain_template)"),
     FieldSpec(TOKEN_LEVEL_SCORES, (BATCH, RESPONSE), "float32", (ExecutorKind.REWARD,),
               "the sample's score on its last response token, 0 elsewhere (a multi-turn "
               "rollout adds its environment's rewards here itself)"),
@@ -164,10 +184,18 @@ FIELDS: Mapping[str, FieldSpec] = {spec.name: spec for spec in (
     FieldSpec(INDEX, (BATCH,), "", (ExecutorKind.DATA_LOAD,), "the prompt's dataset index"),
     FieldSpec(GROUND_TRUTH, (BATCH,), "", (ExecutorKind.DATA_LOAD,),
               "the prompt's reference answer (rule rewards)"),
+    FieldSpec(DATA_SOURCE, (BATCH,), "", (ExecutorKind.DATA_LOAD,),
+              "the prompt's dataset name: picks its reward rule, names its validation metrics"),
+    FieldSpec(EXTRA_INFO, (BATCH,), "", (ExecutorKind.DATA_LOAD,),
+              "the dataset row's extra_info mapping, passed to reward functions"),
     FieldSpec(UID, (BATCH,), "", (ExecutorKind.DATA_LOAD,), "each sample's unique id"),
     FieldSpec(GROUP_ID, (BATCH,), "", (ExecutorKind.DATA_LOAD,),
               "the prompt a sample answers: the group of GRPO-style estimators"),
 )}
+
+# What each dataset row gives its prompt: the columns `dagrl.data`'s loader yields (the worker
+# pads prompt_ids and adds prompt_mask, uid and group_id when they become the step's batch).
+DATASET_FIELDS = (PROMPT_IDS, GROUND_TRUTH, DATA_SOURCE, INDEX, EXTRA_INFO)
 
 # What the model passes read: the rollout layout.
 _MODEL_PASS = (PROMPTS, RESPONSES, RESPONSE_MASK, INPUT_IDS, ATTENTION_MASK, POSITION_IDS)
@@ -193,11 +221,11 @@ EXECUTOR_READS: Mapping[ExecutorKind, tuple[str, ...]] = {
 }
 
 EXECUTOR_WRITES: Mapping[ExecutorKind, tuple[str, ...]] = {
-    ExecutorKind.DATA_LOAD: (PROMPT_IDS, PROMPT_MASK, INDEX, GROUND_TRUTH, UID, GROUP_ID),
+    ExecutorKind.DATA_LOAD: (*DATASET_FIELDS, PROMPT_MASK, UID, GROUP_ID),
     ExecutorKind.BARRIER: (),
     ExecutorKind.CUSTOM: (),  # unknown: a custom node may add any field
     ExecutorKind.ROLLOUT: (PROMPTS, RESPONSES, RESPONSE_MASK, INPUT_IDS, ATTENTION_MASK,
-                           POSITION_IDS, ROLLOUT_LOG_PROBS),
+                           POSITION_IDS, ROLLOUT_LOG_PROBS, ROLLOUT_VERSION),
     ExecutorKind.REWARD_MODEL: (RM_SCORES,),
     ExecutorKind.JUDGE: (JUDGE_SCORES,),
     ExecutorKind.REWARD: (TOKEN_LEVEL_SCORES,),
@@ -216,17 +244,18 @@ STEP_INPUTS = EXECUTOR_WRITES[ExecutorKind.DATA_LOAD]
 
 @dataclass(frozen=True)
 class ReadOptions:
-    """The job options that add fields to what an executor reads."""
+    """The job options that add fields to what an executor reads. No defaults: the job config
+    is their one home (`dagrl.job_rules.read_options` copies them from it)."""
 
-    adv_estimator: str = "grpo"  # algorithm.adv_estimator: gae reads values
-    use_kl_loss: bool = False  # actor.use_kl_loss: the update reads ref_log_probs
-    rollout_correction: bool = False  # algorithm.rollout_correction.mode != off
+    adv_estimator: str  # algorithm.adv_estimator: one that needs values reads them
+    use_kl_loss: bool  # actor.use_kl_loss: the update reads ref_log_probs
+    rollout_correction: bool  # algorithm.rollout_correction.mode != off
 
 
 def reads(kind: ExecutorKind, options: ReadOptions) -> tuple[str, ...]:
     """The built-in fields an executor of `kind` needs under the job's `options`."""
     fields = EXECUTOR_READS[kind]
-    if kind == ExecutorKind.ADVANTAGE and options.adv_estimator == "gae":
+    if kind == ExecutorKind.ADVANTAGE and ESTIMATOR_NEEDS[options.adv_estimator].values:
         fields = (*fields, VALUES)
     if kind == ExecutorKind.ACTOR_UPDATE:
         if options.use_kl_loss:

@@ -395,7 +395,8 @@ class RolloutCorrectionConfig:
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
-    adv_estimator: AdvEstimator = option("grpo", "advantage estimator")
+    adv_estimator: AdvEstimator = option(
+        "grpo", f"advantage estimator; {algorithm_names.estimator_needs_text()}")
     gamma: float = option(1.0, "discount factor")
     lam: float = option(1.0, "GAE lambda")
     norm_adv_by_std_in_grpo: bool = option(True, "GRPO: divide by group std (False: Dr.GRPO)")
@@ -575,7 +576,7 @@ class JobConfig:
             )
         problems.extend(self._async_problems())
         problems.extend(reward_length_problems(self.reward, self.data.max_response_length))
-        if self.algorithm.adv_estimator in ("grpo", "drgrpo", "rloo") and n < 2:
+        if algorithm_names.ESTIMATOR_NEEDS[self.algorithm.adv_estimator].groups and n < 2:
             problems.append(
                 f"algorithm.adv_estimator {self.algorithm.adv_estimator} compares samples "
                 f"of one prompt: set actor_rollout_ref.rollout.n >= 2 (got {n})"

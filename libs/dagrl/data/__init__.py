@@ -6,7 +6,7 @@ prompt ids) -> `StatefulPromptLoader` (deterministic, resumable batches of plain
 the answers is `dagrl.rewards`'; the tokenizer and tiny models are `dagrl.models`'.
 """
 
-from dagrl.data.loader import BATCH_COLUMNS, LoaderStateError, PromptBatch, StatefulPromptLoader
+from dagrl.data.loader import LoaderStateError, PromptBatch, StatefulPromptLoader
 from dagrl.data.parquet import (
     REQUIRED_COLUMNS,
     DatasetPaths,
@@ -28,7 +28,6 @@ from dagrl.data.tasks import (
 )
 
 __all__ = [
-    "BATCH_COLUMNS",
     "REQUIRED_COLUMNS",
     "TASKS",
     "ArithTask",

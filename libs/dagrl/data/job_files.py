@@ -21,7 +21,7 @@ from dagrl.config import DataConfig, JobConfig
 from dagrl.data.parquet import REQUIRED_COLUMNS, read_parquet
 from dagrl.data.prompt_dataset import OVERLONG_BY_TRUNCATION, PromptDataset, record_messages
 from dagrl.errors import ConfigError, DatasetError
-from dagrl.models.tokenizer import load_tokenizer
+from dagrl.tokenizing import load_tokenizer
 
 # a file's first row problems are listed; the rest are counted
 MAX_LISTED_PER_FILE = 10

@@ -15,11 +15,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from dagrl.batch import schema as fields
 from dagrl.errors import DatasetError
 
-# Column name -> one value per prompt: prompt_ids, ground_truth, data_source, index, extra_info.
+# Column name -> one value per prompt: the dataset fields (`schema.DATASET_FIELDS`: prompt_ids,
+# ground_truth, data_source, index, extra_info).
 PromptBatch = dict[str, list[Any]]
-BATCH_COLUMNS = ("prompt_ids", "ground_truth", "data_source", "index", "extra_info")
 # Carried when every row has it: the chat messages themselves (`PromptDataset` rows), which an
 # agent program reads (`agent_options.agent`).
 OPTIONAL_COLUMNS = ("prompt",)
@@ -124,4 +125,5 @@ class StatefulPromptLoader:
     def _collate(self, indices: list[int]) -> PromptBatch:
         rows = [self._dataset[i] for i in indices]
         optional = [c for c in OPTIONAL_COLUMNS if all(c in row for row in rows)]
-        return {column: [row[column] for row in rows] for column in (*BATCH_COLUMNS, *optional)}
+        columns = (*fields.DATASET_FIELDS, *optional)
+        return {column: [row[column] for row in rows] for column in columns}

@@ -23,6 +23,10 @@ import pyarrow.parquet as pq
 from dagrl.data.tasks import Record, Task, generate_splits
 from dagrl.errors import DatasetError
 
+# The file format's column names (verl's): a record's keys. Some reappear as the batch columns
+# of the same names (`dagrl.batch.schema`: GROUND_TRUTH, DATA_SOURCE, EXTRA_INFO), which copy
+# them; the files keep verl's names whatever the batch calls its fields, so they are spelled
+# out here, not taken from the schema.
 REQUIRED_COLUMNS = ("prompt", "ground_truth", "data_source")
 VERL_REWARD_COLUMN = "reward_model"  # verl: {"ground_truth": ..., "style": "rule"}
 # Used for an empty split, where pyarrow has no rows to infer types from.

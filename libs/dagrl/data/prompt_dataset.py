@@ -21,10 +21,11 @@ from typing import Any, Literal
 
 from transformers import PreTrainedTokenizerBase
 
+from dagrl.batch import schema as fields
 from dagrl.data.parquet import REQUIRED_COLUMNS, read_parquet
 from dagrl.data.tasks import Record
 from dagrl.errors import DatasetError
-from dagrl.models.tokenizer import encode_chat_prompt
+from dagrl.tokenizing import encode_chat_prompt
 
 # What to do with a prompt longer than max_prompt_length.
 Overlong = Literal["error", "truncate_left", "filter"]
@@ -130,13 +131,15 @@ class PromptDataset:
                 self.num_filtered += 1
                 return
             self.num_truncated += 1
+        # `record`'s keys are the dataset file's columns (verl's, `parquet.REQUIRED_COLUMNS`);
+        # the row's are the batch fields that copy them (`dagrl.batch.schema`)
         self._rows.append({
-            "prompt_ids": fit.ids,
+            fields.PROMPT_IDS: fit.ids,
             "prompt": messages,  # the chat messages themselves: what an agent program reads
-            "ground_truth": record["ground_truth"],
-            "data_source": record["data_source"],
-            "index": _row_index(record, position),
-            "extra_info": record.get("extra_info") or {},
+            fields.GROUND_TRUTH: record["ground_truth"],
+            fields.DATA_SOURCE: record["data_source"],
+            fields.INDEX: _row_index(record, position),
+            fields.EXTRA_INFO: record.get("extra_info") or {},
         })
 
 
@@ -189,6 +192,6 @@ def record_messages(record: Record, prompt_key: str, where: str) -> list[dict[st
 
 
 def _row_index(record: Record, position: int) -> int:
-    extra_info = record.get("extra_info") or {}
+    extra_info = record.get("extra_info") or {}  # the dataset file's column
     index = extra_info.get("index") if isinstance(extra_info, dict) else None
     return index if isinstance(index, int) else position

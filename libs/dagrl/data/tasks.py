@@ -168,6 +168,8 @@ def _distinct_samples(task: Task, n: int, rng: random.Random) -> list[tuple[str,
 
 
 def _to_records(data_source: str, pairs: list[tuple[str, str]], split: str) -> list[Record]:
+    # a record's keys are the dataset file's columns (verl's, `parquet.REQUIRED_COLUMNS`), not
+    # batch fields
     return [
         {
             "prompt": [{"role": "user", "content": prompt}],

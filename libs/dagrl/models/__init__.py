@@ -1,7 +1,8 @@
 """Tiny models for tests, demos and CI: a char-level chat tokenizer, small Qwen2/Llama models in
 Hugging Face format, and a short supervised warm start. Nothing here downloads from a hub.
 
-Synthetic datasets live in `dagrl.data`; model backends for rollout and training live in the
+Loading any checkpoint's tokenizer and rendering chat prompts live in `dagrl.tokenizing`;
+synthetic datasets in `dagrl.data`; model backends for rollout and training live in the
 worker service.
 """
 
@@ -12,13 +13,7 @@ from dagrl.models.tiny import (
     count_parameters,
     load_model_and_tokenizer,
 )
-from dagrl.models.tokenizer import (
-    CHAT_TEMPLATE,
-    SPECIAL_TOKENS,
-    build_char_tokenizer,
-    encode_chat_prompt,
-    load_tokenizer,
-)
+from dagrl.models.tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, build_char_tokenizer
 from dagrl.models.warm_start import Prompt, supervised_warm_start
 
 __all__ = [
@@ -30,8 +25,6 @@ __all__ = [
     "build_char_tokenizer",
     "build_tiny_model",
     "count_parameters",
-    "encode_chat_prompt",
     "load_model_and_tokenizer",
-    "load_tokenizer",
     "supervised_warm_start",
 ]

@@ -54,8 +54,8 @@ from transformers import (
 
 from dagrl.data import read_parquet
 from dagrl.models.demo import RECIPE_FILE, DemoRecipe, prepare_assets
-from dagrl.models.tokenizer import encode_chat_prompt, load_tokenizer
 from dagrl.models.warm_start import optimizer_step
+from dagrl.tokenizing import encode_chat_prompt, load_tokenizer
 
 FOLDER = "reward_model"  # under the demo's assets folder
 

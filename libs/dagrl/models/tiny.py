@@ -26,7 +26,7 @@ from transformers import (
 )
 
 from dagrl.errors import ConfigError, DagrlError
-from dagrl.models.tokenizer import load_tokenizer
+from dagrl.tokenizing import load_tokenizer
 
 _CONFIG_CLASSES: dict[str, Callable[..., PretrainedConfig]] = {
     "qwen2": Qwen2Config,

@@ -12,13 +12,12 @@ stops at the end of the assistant's turn and RL response masks end there too.
 
 from __future__ import annotations
 
-import json
 import string
 from pathlib import Path
 from typing import Literal
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
 PAD_TOKEN = "<pad>"
 UNK_TOKEN = "<unk>"
@@ -75,42 +74,3 @@ def build_char_tokenizer(
     return tokenizer
 
 
-def encode_chat_prompt(
-    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]
-) -> list[int]:
-    """Token ids of `messages` in the chat template, ending with the assistant header.
-
-    This is exactly what a policy sees before it writes its response, for training and rollout
-    alike. Special tokens come from the template only (`add_special_tokens=False`), so tokenizers
-    that would also prepend a bos token do not add a second one.
-    """
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    if not isinstance(text, str):
-        raise TypeError(f"apply_chat_template returned {type(text).__name__}, expected str")
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-# Classes that mean "the serialized tokenizer.json is the whole tokenizer".
-_GENERIC_TOKENIZER_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast"}
-
-
-def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
-    """The tokenizer saved in a checkpoint folder, offline; `trust_remote_code` lets a
-    checkpoint's own tokenizer code (`auto_map` in tokenizer_config.json) run.
-
-    `AutoTokenizer` in transformers 5 picks the tokenizer class registered for the model's
-    `model_type` whenever `tokenizer_config.json` declares another class: a char tokenizer
-    saved next to a qwen2 config would come back as `Qwen2Tokenizer`, whose ByteLevel
-    pre-tokenizer silently drops spaces and newlines. A folder whose config declares a
-    generic class is therefore loaded as exactly the serialized tokenizer; every other
-    checkpoint goes through `AutoTokenizer` as usual.
-    """
-    folder = Path(path)
-    config_file = folder / "tokenizer_config.json"
-    declared = None
-    if config_file.is_file():
-        declared = json.loads(config_file.read_text(encoding="utf-8")).get("tokenizer_class")
-    if declared in _GENERIC_TOKENIZER_CLASSES:
-        return PreTrainedTokenizerFast.from_pretrained(str(folder), local_files_only=True)
-    return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code,
-                                         local_files_only=True)

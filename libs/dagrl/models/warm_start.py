@@ -16,7 +16,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from dagrl.errors import DagrlError
-from dagrl.models.tokenizer import encode_chat_prompt
+from dagrl.tokenizing import encode_chat_prompt
 
 # A prompt is a user message's text or a full list of chat messages (a dataset record's prompt).
 Prompt = str | list[dict[str, str]]

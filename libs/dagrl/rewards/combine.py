@@ -15,14 +15,13 @@ from collections.abc import Mapping
 
 import torch
 
+from dagrl.batch import schema as fields
 from dagrl.errors import RewardError
 
-RM_SCORES = "rm_scores"  # [B] float32: a reward-model node's score of each sample
-JUDGE_SCORES = "judge_scores"  # [B] float32: an LLM-judge node's parsed verdict of each sample
 # Sources scored by a node upstream: source -> (the Batch tensor it fills, who fills it)
 UPSTREAM_SCORES: Mapping[str, tuple[str, str]] = {
-    "rm": (RM_SCORES, "a MODEL_INFERENCE node with node_role REWARD (a reward model)"),
-    "judge": (JUDGE_SCORES, "a MODEL_INFERENCE node with node_role REWARD and a "
+    "rm": (fields.RM_SCORES, "a MODEL_INFERENCE node with node_role REWARD (a reward model)"),
+    "judge": (fields.JUDGE_SCORES, "a MODEL_INFERENCE node with node_role REWARD and a "
               "judge_template (an LLM judge)"),
 }
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from dagrl.batch import Batch
+from dagrl.batch import schema as fields
 from dagrl.envs import agent_options
 from dagrl.errors import ConfigError
 from dagrl.models import build_char_tokenizer
@@ -14,7 +15,6 @@ from dagrl_worker.agents.episodes import EpisodeOutcome, episodes_to_batch
 from dagrl_worker.agents.protocol import GatewayError, GatewayLimits, parse_chat
 from dagrl_worker.agents.rendering import ChatTail, CompletionTail, Renderer
 from dagrl_worker.agents.sessions import Sampled, Session, SessionRegistry
-from dagrl_worker.async_training.staleness import ROLLOUT_VERSION
 from dagrl_worker.prompts import prompts_to_batch
 
 TOKENIZER = build_char_tokenizer()
@@ -164,7 +164,7 @@ def test_rows_carry_the_sampled_tokens_and_leave_failed_episodes_out() -> None:
     out = episodes_to_batch(samples_batch(3), outcomes, int(TOKENIZER.pad_token_id), 72)
     assert out.columns["uid"] == ["train:0", "train:1", "train:1#1"]
     assert out.columns["num_turns"] == [2, 1, 1]
-    assert out.tensors[ROLLOUT_VERSION].tolist() == [3, 3, 2]
+    assert out.tensors[fields.ROLLOUT_VERSION].tolist() == [3, 3, 2]
     sequences = [done.sequences[0], *rewritten.sequences]
     for row, sequence in enumerate(sequences):
         length = len(sequence.response_ids)

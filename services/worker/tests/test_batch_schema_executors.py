@@ -20,8 +20,10 @@ from dagrl.batch import schema as fields
 from dagrl.batch.schema import ExecutorKind
 from dagrl.config import JobConfig, build
 from dagrl.job_rules import executor_kind
-from dagrl.models import build_char_tokenizer, encode_chat_prompt, load_model_and_tokenizer
+from dagrl.models import build_char_tokenizer, load_model_and_tokenizer
+from dagrl.tokenizing import encode_chat_prompt
 from dagrl.workflow import Node, NodeRole, NodeType, list_builtin_workflows, load_workflow
+from dagrl_worker.async_training.staleness import tag_rollout_version
 from dagrl_worker.executors import table
 from dagrl_worker.executors.base import AgentModels, StepContext
 from dagrl_worker.executors.compute import AdvantageExecutor, AdvantageSettings
@@ -93,13 +95,16 @@ def test_what_the_executors_add_has_the_declared_dtype_and_shape(tiny_checkpoint
     model, tokenizer = load_model_and_tokenizer(tiny_checkpoint)
     texts = ["3+4=", "15+6="]
     prompts = prompts_to_batch({
-        "prompt_ids": [encode_chat_prompt(tokenizer, [{"role": "user", "content": t}])
-                       for t in texts], "index": [0, 1], "ground_truth": ["7", "21"]},
+        fields.PROMPT_IDS: [encode_chat_prompt(tokenizer, [{"role": "user", "content": t}])
+                            for t in texts],
+        fields.INDEX: [0, 1], fields.GROUND_TRUTH: ["7", "21"],
+        fields.DATA_SOURCE: ["arith", "arith"], fields.EXTRA_INFO: [{}, {}]},
         tokenizer.pad_token_id, "s0")
     width = prompts.tensors[fields.PROMPT_IDS].shape[1]
     _check(prompts, (fields.PROMPT_IDS, fields.PROMPT_MASK), width, 0)
     assert set(fields.STEP_INPUTS) <= set(prompts.field_names)
     rollout = HFRollout(model, tokenizer).generate(prompts, SamplingParams(n=2, max_new_tokens=5))
+    rollout = tag_rollout_version(rollout, 0)  # as the graph runner tags a ROLLOUT node's output
     _check(rollout, fields.EXECUTOR_WRITES[ExecutorKind.ROLLOUT], width, 5)
     log_probs = compute_log_probs(model, rollout, MicroBatching(2), temperature=1.0)
     scores = torch.zeros(len(rollout), 5)

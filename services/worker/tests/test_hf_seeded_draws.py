@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 
 from dagrl.batch import Batch
-from dagrl.models import encode_chat_prompt, load_model_and_tokenizer
+from dagrl.models import load_model_and_tokenizer
+from dagrl.tokenizing import encode_chat_prompt
 from dagrl_worker.prompts import prompts_to_batch
 from dagrl_worker.rollout import HFRollout, SamplingParams
 from dagrl_worker.training.forward import response_log_probs

@@ -21,7 +21,8 @@ from dagrl.batch import Batch
 from dagrl.config import load_job_config
 from dagrl.data import make_dataset
 from dagrl.errors import DatasetError
-from dagrl.models import build_char_tokenizer, encode_chat_prompt
+from dagrl.models import build_char_tokenizer
+from dagrl.tokenizing import encode_chat_prompt
 from dagrl.workflow import load_workflow, parse_workflow
 from dagrl_worker.dag_worker import DAGWorker
 from dagrl_worker.executors.base import StepContext

@@ -16,8 +16,8 @@ from dagrl.config import load_job_config
 from dagrl.data import make_dataset
 from dagrl.envs import AgentOptions, MathEnv, StepResult, agent_options
 from dagrl.errors import ConfigError
-from dagrl.models import build_char_tokenizer, load_tokenizer
-from dagrl.models.tokenizer import encode_chat_prompt
+from dagrl.models import build_char_tokenizer
+from dagrl.tokenizing import encode_chat_prompt, load_tokenizer
 from dagrl.workflow import Node, NodeRole, NodeType, load_workflow
 from dagrl_worker.dag_worker import DAGWorker
 from dagrl_worker.executors.base import AgentModels, StepContext

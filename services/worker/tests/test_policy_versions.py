@@ -10,10 +10,10 @@ import torch
 
 from dagrl.algorithms import FixedKLController
 from dagrl.batch import Batch
+from dagrl.batch import schema as fields
 from dagrl.config import load_job_config
 from dagrl_worker.async_training.policy_versions import PolicyVersions
 from dagrl_worker.async_training.sample_ledger import FILE_PREFIX, SampleLedger, read_trained
-from dagrl_worker.async_training.staleness import ROLLOUT_VERSION
 from dagrl_worker.executors.base import StepContext
 from dagrl_worker.metrics import MetricSink
 
@@ -29,7 +29,7 @@ def context(step: int, version: int) -> StepContext:
 def trained_batch(versions: list[int]) -> Batch:
     uids = [f"s3:{i}/0" for i in range(len(versions))]
     return Batch(tensors={"response_mask": torch.ones(len(versions), 2, dtype=torch.long),
-                          ROLLOUT_VERSION: torch.tensor(versions)},
+                          fields.ROLLOUT_VERSION: torch.tensor(versions)},
                  columns={"uid": uids, "group_id": uids})
 
 

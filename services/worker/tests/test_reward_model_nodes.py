@@ -14,11 +14,13 @@ from transformers import AutoModelForSequenceClassification
 from dagrl import telemetry
 from dagrl.algorithms import FixedKLController
 from dagrl.batch import Batch
+from dagrl.batch import schema as fields
 from dagrl.batch.partition import partition_rows
 from dagrl.config import load_job_config, node_config
 from dagrl.errors import ConfigError, RewardError
 from dagrl.job_rules import job_problems
-from dagrl.models import build_char_tokenizer, encode_chat_prompt
+from dagrl.models import build_char_tokenizer
+from dagrl.tokenizing import encode_chat_prompt
 from dagrl.workflow import parse_workflow
 from dagrl_worker.builder import build_agent_models
 from dagrl_worker.executors.base import StepContext
@@ -26,8 +28,8 @@ from dagrl_worker.executors.table import build_executor
 from dagrl_worker.metrics import MetricSink
 from dagrl_worker.plan_view import PlanView
 from dagrl_worker.prompts import prompts_to_batch
-from dagrl_worker.rewards.judge import JUDGE_SCORES, JudgeExecutor, JudgeOptions, VerdictParser
-from dagrl_worker.rewards.reward_model import RM_SCORES, RewardModelExecutor
+from dagrl_worker.rewards.judge import JudgeExecutor, JudgeOptions, VerdictParser
+from dagrl_worker.rewards.reward_model import RewardModelExecutor
 from dagrl_worker.rewards.scorers import Judge, load_reward_model
 from dagrl_worker.rollout import SamplingParams
 from dagrl_worker.training.parallel import DataParallel
@@ -88,14 +90,14 @@ def test_reward_model_scores_every_sample_deterministically_without_grad(
     batch = rollout(ANSWERS)
     sink = MetricSink()
     out = RewardModelExecutor(model, tokenizer, micro_batch_size=3).run(batch, context(sink))
-    scores = out.tensors[RM_SCORES]
+    scores = out.tensors[fields.RM_SCORES]
     assert scores.shape == (len(batch),) and scores.dtype == torch.float32
     assert not scores.requires_grad
     assert all(p.grad is None and not p.requires_grad for p in model.module.parameters())
     assert "token_level_scores" not in out  # the COMPUTE REWARD node combines sources
     # same scores again, and the same in one micro-batch (padding and order do not matter)
     again = RewardModelExecutor(model, tokenizer, micro_batch_size=64).run(batch, context())
-    assert torch.allclose(scores, again.tensors[RM_SCORES], atol=1e-5)
+    assert torch.allclose(scores, again.tensors[fields.RM_SCORES], atol=1e-5)
     # the two samples of each prompt give the same answer: the same score
     assert torch.allclose(scores[0::2], scores[1::2], atol=1e-5)
     assert len(set(scores[0::2].tolist())) == len(ANSWERS)  # different answers, other scores
@@ -108,7 +110,8 @@ def test_reward_model_scores_the_prompt_and_response_tokens_it_would_score_alone
     tokenizer = build_char_tokenizer()
     model = load_reward_model(str(rm_checkpoint), "float32", False, tokenizer)
     batch = rollout(ANSWERS, n=1)
-    scores = RewardModelExecutor(model, tokenizer, 8).run(batch, context()).tensors[RM_SCORES]
+    out = RewardModelExecutor(model, tokenizer, 8).run(batch, context())
+    scores = out.tensors[fields.RM_SCORES]
     for row, (question, answer) in enumerate(ANSWERS.items()):
         ids = [*encode_chat_prompt(tokenizer, [{"role": "user", "content": question}]),
                *tokenizer(answer, add_special_tokens=False)["input_ids"],
@@ -124,14 +127,14 @@ def test_data_parallel_shards_score_as_the_whole_batch(rm_checkpoint: Path) -> N
     model = load_reward_model(str(rm_checkpoint), "float32", False, tokenizer)
     executor = RewardModelExecutor(model, tokenizer, 4)
     batch = rollout(ANSWERS)
-    whole = dict(zip(batch.uids, executor.run(batch, context()).tensors[RM_SCORES].tolist(),
+    whole = dict(zip(batch.uids, executor.run(batch, context()).tensors[fields.RM_SCORES].tolist(),
                      strict=True))
     lengths = batch.tensors["attention_mask"].sum(dim=1).tolist()
     partition = partition_rows(batch.group_ids, lengths, 2)
     seen: dict[str, float] = {}
     for rows in partition.rows:
         shard = batch.select(list(rows))
-        scores = executor.run(shard, context()).tensors[RM_SCORES].tolist()
+        scores = executor.run(shard, context()).tensors[fields.RM_SCORES].tolist()
         seen.update(zip(shard.uids, scores, strict=True))
     assert seen.keys() == whole.keys()
     assert all(seen[uid] == pytest.approx(whole[uid], abs=1e-5) for uid in whole)
@@ -237,7 +240,7 @@ def test_judge_scores_verdicts_and_counts_the_unparseable() -> None:
     batch = rollout(ANSWERS)
     sink = MetricSink()
     out = judge_executor(reply).run(batch, context(sink))
-    scores = out.tensors[JUDGE_SCORES]
+    scores = out.tensors[fields.JUDGE_SCORES]
     assert scores.dtype == torch.float32 and scores.shape == (len(batch),)
     # 12+34=46 right, 5+5=10 right, 20+13=9 wrong, 7+1=8 right, 40+41=1234 unparseable
     assert scores.tolist() == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, -1.0, -1.0]

@@ -16,7 +16,8 @@ from dagrl.algorithms import FixedKLController
 from dagrl.batch import Batch
 from dagrl.config import load_job_config
 from dagrl.errors import RewardError
-from dagrl.models import build_char_tokenizer, encode_chat_prompt
+from dagrl.models import build_char_tokenizer
+from dagrl.tokenizing import encode_chat_prompt
 from dagrl.workflow import Node, NodeRole, NodeType
 from dagrl_worker.executors.base import AgentModels, Executor, StepContext
 from dagrl_worker.executors.table import build_executor

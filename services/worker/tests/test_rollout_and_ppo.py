@@ -7,7 +7,8 @@ import torch
 
 from dagrl.batch import Batch
 from dagrl.config import ActorConfig, OptimConfig, RolloutCorrectionConfig
-from dagrl.models import encode_chat_prompt, load_model_and_tokenizer
+from dagrl.models import load_model_and_tokenizer
+from dagrl.tokenizing import encode_chat_prompt
 from dagrl_worker.metrics import MetricSink
 from dagrl_worker.prompts import dp_slice, prompts_to_batch
 from dagrl_worker.rollout import HFRollout, SamplingParams

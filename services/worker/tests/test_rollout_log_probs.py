@@ -11,7 +11,8 @@ import yaml
 from dagrl.algorithms import FixedKLController
 from dagrl.data import make_dataset
 from dagrl.errors import ConfigError
-from dagrl.models import encode_chat_prompt, load_model_and_tokenizer
+from dagrl.models import load_model_and_tokenizer
+from dagrl.tokenizing import encode_chat_prompt
 from dagrl.workflow import load_workflow
 from dagrl_worker.dag_worker import DAGWorker
 from dagrl_worker.executors.base import StepContext

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dagrl.config import JobConfig
-from dagrl.device_rules import DeviceFacts, check_devices
+from dagrl.device_rules import DeviceFacts, check_devices, wants_gpu
 from dagrl.errors import FailedPreconditionError
 from dagrl.ray_nodes import LABEL_DEVICE_KIND, LABEL_MACHINE, RayNode, live_nodes
 from dagrl_scheduler.planning import Cluster, ClusterNode
@@ -111,8 +111,7 @@ def cluster_from_ray(nodes: Sequence[RayNode], config: JobConfig) -> Cluster:
     `dagrl.device_rules`) are a ConfigError naming the key, before the capacity check."""
     check_devices(config, DeviceFacts(int(sum(n.gpus for n in nodes)), "the Ray cluster"))
     trainer = config.trainer
-    use_gpu = trainer.device == "cuda" or (trainer.device == "auto"
-                                           and any(n.gpus > 0 for n in nodes))
+    use_gpu = wants_gpu(trainer.device, any(n.gpus > 0 for n in nodes))
     per_machine, wanted = trainer.n_ranks_per_node, trainer.nnodes
     fit = [n for n in nodes if n.slots(use_gpu) >= per_machine]
     if len(fit) < wanted:

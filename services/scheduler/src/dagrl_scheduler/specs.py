@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dagrl.config import JobConfig
+from dagrl.device_rules import resolve_device
 from dagrl.errors import ConfigError
 from dagrl.job_rules import engine_device_problems
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
@@ -52,7 +53,6 @@ def resolve_job(spec: scheduler_pb2.JobSpec, cluster: scheduler_pb2.ClusterSpec,
 def cluster_from_config(config: JobConfig) -> Cluster:
     """trainer.nnodes machines x trainer.n_ranks_per_node ranks of the job's device."""
     trainer = config.trainer
-    kind = trainer.device
-    if kind == "auto":  # cuda when this machine has a GPU driver (the embedded, one-host case)
-        kind = "cuda" if shutil.which("nvidia-smi") else "cpu"
+    # auto: cuda when this machine has a GPU driver (the embedded, one-host case)
+    kind = resolve_device(trainer.device, shutil.which("nvidia-smi") is not None)
     return Cluster.homogeneous(trainer.nnodes, trainer.n_ranks_per_node, device_kind=kind)

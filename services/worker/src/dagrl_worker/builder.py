@@ -28,7 +28,7 @@ from dagrl.config import FSDPConfig, JobConfig, ModelConfig, OptimConfig, node_c
 from dagrl.engines import require_engine
 from dagrl.errors import ConfigError
 from dagrl.job_rules import model_path, reward_model_path_problem
-from dagrl.models import load_tokenizer
+from dagrl.tokenizing import load_tokenizer
 from dagrl.workflow import Node, NodeRole, NodeType, TaskGraph
 from dagrl_worker.device import CPU, Precision, RankDevice, for_device
 from dagrl_worker.executors.base import AgentModels, UnsupportedNodeError

@@ -29,10 +29,6 @@ from dagrl.errors import BatchError
 from dagrl.workflow import NodeRole, NodeType, TaskGraph
 from dagrl_worker.plan_view import PlanView
 
-# The column naming the previous agent's sample that a chained agent's sample answers
-# (set by `executors.chain.ChainRolloutExecutor`, read by `join_by_uid`).
-PARENT_UID = "parent_uid"
-
 
 class ShardStore(Protocol):
     """The part of the databuffer client (`dagrl_databuffer.client`) the worker uses."""
@@ -211,7 +207,7 @@ def join_by_uid(parts: list[Batch]) -> Batch:
     """
     joined = parts[0]
     for other in parts[1:]:
-        if PARENT_UID in other and other.uids != joined.uids:
+        if fields.PARENT_UID in other and other.uids != joined.uids:
             other = scores_by_lineage(joined, other)
         if other.uids != joined.uids:
             position = {uid: i for i, uid in enumerate(other.uids)}
@@ -233,7 +229,7 @@ def scores_by_lineage(parents: Batch, children: Batch) -> Batch:
         raise BatchError("fan-in by lineage: the later agent's samples carry no "
                          "'token_level_scores'; join after the REWARD node that scores them")
     totals: dict[str, list[float]] = {}
-    for parent, score in zip(children.columns[PARENT_UID],
+    for parent, score in zip(children.columns[fields.PARENT_UID],
                              children.tensors[fields.TOKEN_LEVEL_SCORES].sum(dim=1).tolist(),
                              strict=True):
         totals.setdefault(parent, []).append(score)

@@ -129,7 +129,7 @@ def _record(sink: MetricSink, batches: list[Batch], n: int) -> None:
     by_group: dict[tuple[str, str], list[float]] = defaultdict(list)
     for batch in batches:
         totals = batch.tensors[fields.TOKEN_LEVEL_SCORES].sum(dim=1).tolist()  # [B]
-        for source, group, score in zip(batch.columns["data_source"], batch.group_ids,
+        for source, group, score in zip(batch.columns[fields.DATA_SOURCE], batch.group_ids,
                                         totals, strict=True):
             by_source[source].append(score)
             by_group[(source, group)].append(score)

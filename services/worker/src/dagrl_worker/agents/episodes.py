@@ -39,7 +39,6 @@ from dagrl.batch import schema as fields
 from dagrl_worker.agents.agent_thread import AgentFn, ClientSpec, run_agent
 from dagrl_worker.agents.gateway import Gateway
 from dagrl_worker.agents.sessions import Sequence, Session
-from dagrl_worker.async_training.staleness import ROLLOUT_VERSION
 from dagrl_worker.prompts import prompts_to_batch
 from dagrl_worker.rollout.multiturn import Episode
 from dagrl_worker.rollout.multiturn import episodes_to_batch as turns_to_batch
@@ -154,7 +153,7 @@ def episodes_to_batch(samples: Batch, outcomes: list[EpisodeOutcome], pad_token_
     if rewarded and not any(rewarded):  # the REWARD node scores the answers
         out = out.without_fields([fields.TOKEN_LEVEL_SCORES])
     versions = torch.tensor([seq.version for _, _, seq in picks], dtype=torch.long)  # [B]
-    return out.with_fields(tensors={ROLLOUT_VERSION: versions})
+    return out.with_fields(tensors={fields.ROLLOUT_VERSION: versions})
 
 
 def _as_episode(sequence: Sequence, reward: float | None) -> Episode:

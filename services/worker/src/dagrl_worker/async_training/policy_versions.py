@@ -17,9 +17,9 @@ import time
 
 from dagrl import telemetry
 from dagrl.batch import Batch
+from dagrl.batch import schema as fields
 from dagrl_worker.async_training.sample_ledger import SampleLedger
 from dagrl_worker.async_training.staleness import (
-    ROLLOUT_VERSION,
     guard_staleness,
     stale_rows,
     tag_rollout_version,
@@ -64,7 +64,8 @@ class PolicyVersions:
         if not self.is_async:
             return
         stale = stale_rows(batch, ctx.policy_version, self.max_staleness).tolist()
-        versions = (batch.tensors[ROLLOUT_VERSION].tolist() if ROLLOUT_VERSION in batch
+        versions = (batch.tensors[fields.ROLLOUT_VERSION].tolist()
+                    if fields.ROLLOUT_VERSION in batch
                     else [ctx.policy_version] * len(batch))
         kept = [i for i, is_stale in enumerate(stale) if not is_stale]
         self.ledger.record(self.attempt, ctx.step, node_id, [batch.uids[i] for i in kept],

@@ -21,32 +21,30 @@ from dagrl.batch import Batch
 from dagrl.batch import schema as fields
 from dagrl_worker.metrics import MetricSink, Reduce
 
-ROLLOUT_VERSION = "rollout_version"  # [B] int64: the policy version a sample came from
-
 
 def tag_rollout_version(batch: Batch, version: int) -> Batch:
     """`batch` (a rollout's output) with each sample's policy version, unless it has one (a
     chained agent's rollout keeps the version its own engine used)."""
-    if ROLLOUT_VERSION in batch:
+    if fields.ROLLOUT_VERSION in batch:
         return batch
     versions = torch.full((len(batch),), version, dtype=torch.long)  # [B]
-    return batch.with_fields(tensors={ROLLOUT_VERSION: versions})
+    return batch.with_fields(tensors={fields.ROLLOUT_VERSION: versions})
 
 
 def stale_rows(batch: Batch, policy_version: int, max_staleness: int | None) -> torch.Tensor:
     """[B] bool: the samples of `batch` more than `max_staleness` versions behind."""
-    if max_staleness is None or ROLLOUT_VERSION not in batch:
+    if max_staleness is None or fields.ROLLOUT_VERSION not in batch:
         return torch.zeros(len(batch), dtype=torch.bool)
-    return (policy_version - batch.tensors[ROLLOUT_VERSION]) > max_staleness
+    return (policy_version - batch.tensors[fields.ROLLOUT_VERSION]) > max_staleness
 
 
 def guard_staleness(batch: Batch, policy_version: int, max_staleness: int | None,
                     sink: MetricSink) -> Batch:
     """The training input `batch` for a model at `policy_version`: staleness metrics when
     training asynchronously, and samples beyond `max_staleness` out of the loss."""
-    if max_staleness is None or ROLLOUT_VERSION not in batch or len(batch) == 0:
+    if max_staleness is None or fields.ROLLOUT_VERSION not in batch or len(batch) == 0:
         return batch
-    staleness = policy_version - batch.tensors[ROLLOUT_VERSION]  # [B]
+    staleness = policy_version - batch.tensors[fields.ROLLOUT_VERSION]  # [B]
     sink.add(telemetry.KEY_ASYNC_STALENESS_MEAN, float(staleness.float().mean()), Reduce.MEAN,
              weight=len(batch))
     sink.add(telemetry.KEY_ASYNC_STALENESS_MAX, float(staleness.max()), Reduce.MAX)

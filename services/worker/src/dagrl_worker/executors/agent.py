@@ -153,9 +153,10 @@ def _add_metrics(ctx: StepContext, run: AgentRun, out: Batch) -> None:
              Reduce.SUM)
     policy_tokens = out.tensors[fields.RESPONSE_MASK].sum(dim=1).float()  # [B]
     if len(out):
-        sink.add(telemetry.KEY_NUM_TURNS_MEAN, sum(out.columns["num_turns"]) / len(out),
-                 Reduce.MEAN, weight=len(out))
-        sink.add(telemetry.KEY_NUM_TURNS_MAX, float(max(out.columns["num_turns"])), Reduce.MAX)
+        turns = out.columns[fields.NUM_TURNS]
+        sink.add(telemetry.KEY_NUM_TURNS_MEAN, sum(turns) / len(out), Reduce.MEAN,
+                 weight=len(out))
+        sink.add(telemetry.KEY_NUM_TURNS_MAX, float(max(turns)), Reduce.MAX)
         sink.add(telemetry.KEY_RESPONSE_LENGTH_MEAN, float(policy_tokens.mean()), Reduce.MEAN,
                  weight=len(out))
         sink.add(telemetry.KEY_RESPONSE_LENGTH_MAX, float(policy_tokens.max()), Reduce.MAX)

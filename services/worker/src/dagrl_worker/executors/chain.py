@@ -27,9 +27,8 @@ from dagrl.batch import GROUP_ID, UID, Batch
 from dagrl.batch import schema as fields
 from dagrl.envs.options import CHAIN_PREFIX
 from dagrl.errors import InvalidInputError
-from dagrl_worker.dataflow import PARENT_UID, chained_group_id
+from dagrl_worker.dataflow import chained_group_id
 from dagrl_worker.executors.base import Executor, StepContext
-from dagrl_worker.rollout.multiturn import NUM_TURNS
 from dagrl_worker.rollout.processing import encode
 
 
@@ -67,7 +66,7 @@ class ChainRolloutExecutor:
                 ids[row, longest - len(context):] = torch.tensor(context, dtype=torch.long)
                 mask[row, longest - len(context):] = 1
         own = [chained_group_id(uid, self.agent_group) for uid in parents.uids]
-        kept = parents.without_fields([*parents.tensors, NUM_TURNS])
+        kept = parents.without_fields([*parents.tensors, fields.NUM_TURNS])
         return kept.with_fields(tensors={fields.PROMPT_IDS: ids, fields.PROMPT_MASK: mask},
-                                columns={PARENT_UID: list(parents.uids), UID: own,
+                                columns={fields.PARENT_UID: list(parents.uids), UID: own,
                                          GROUP_ID: list(own)})

@@ -37,16 +37,14 @@ from dagrl.batch import schema as fields
 from dagrl.config import NodeConfig
 from dagrl.config.node import compile_judge_parser, is_judge_parser_ref
 from dagrl.errors import RewardError
-from dagrl.models import encode_chat_prompt
 from dagrl.refs import resolve_ref
+from dagrl.tokenizing import encode_chat_prompt
 from dagrl_worker.executors.base import StepContext
 from dagrl_worker.metrics import Reduce
 from dagrl_worker.prompts import PromptRows, prompts_to_batch
 from dagrl_worker.rewards.scorers import Judge
 from dagrl_worker.rollout import SamplingParams
 from dagrl_worker.rollout.base import step_seed
-
-JUDGE_SCORES = fields.JUDGE_SCORES  # [B] float32: what a judge node adds
 
 
 class VerdictParser:
@@ -130,7 +128,7 @@ class JudgeExecutor:
                          weight=rows)
             ctx.sink.add(telemetry.KEY_JUDGE_VERDICT_LENGTH_MEAN, sum(lengths) / rows,
                          Reduce.MEAN, weight=rows)
-        return batch.with_fields(tensors={JUDGE_SCORES: scores})
+        return batch.with_fields(tensors={fields.JUDGE_SCORES: scores})
 
     def judge_prompts(self, batch: Batch) -> list[list[int]]:
         """Each sample's judge prompt: the template filled in, as a chat user message."""

@@ -32,8 +32,6 @@ from dagrl_worker.executors.base import StepContext
 from dagrl_worker.metrics import Reduce
 from dagrl_worker.rewards.scorers import RewardModel
 
-RM_SCORES = fields.RM_SCORES  # [B] float32: what a reward-model node adds
-
 
 class RewardModelExecutor:
     """Scores each sample with a reward model, in micro-batches of `micro_batch_size` samples
@@ -56,7 +54,7 @@ class RewardModelExecutor:
         if len(batch):
             ctx.sink.add(telemetry.KEY_REWARD_MODEL_SCORE_MEAN, float(scores.mean()),
                          Reduce.MEAN, weight=len(batch))
-        return batch.with_fields(tensors={RM_SCORES: scores})
+        return batch.with_fields(tensors={fields.RM_SCORES: scores})
 
     def sequences(self, batch: Batch) -> list[list[int]]:
         """Each sample's prompt + response tokens, in the reward model's vocabulary."""

@@ -16,7 +16,7 @@ from transformers import (
 )
 
 from dagrl.errors import ConfigError
-from dagrl.models import load_tokenizer
+from dagrl.tokenizing import load_tokenizer
 from dagrl_worker.rollout import RolloutBackend
 
 

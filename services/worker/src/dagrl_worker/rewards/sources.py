@@ -61,9 +61,9 @@ class RewardSources:
 
     def _rule_score(self, batch: Batch, row: int, text: str) -> float:
         columns = batch.columns
-        extra = columns["extra_info"][row] if "extra_info" in columns else None
+        extra = columns[fields.EXTRA_INFO][row] if fields.EXTRA_INFO in columns else None
         truth = columns[fields.GROUND_TRUTH][row]
-        value = self.rule(columns["data_source"][row], text, truth, extra)
+        value = self.rule(columns[fields.DATA_SOURCE][row], text, truth, extra)
         if not isinstance(value, int | float) or not math.isfinite(value):
             raise RewardError(f"reward function returned {value!r} for sample "
                               f"{batch.uids[row]!r}; it must return a finite number")
@@ -77,8 +77,8 @@ class RewardSources:
         columns = batch.columns
         samples = [RemoteSample(
             prompt=prompts[row], response=text, ground_truth=columns[fields.GROUND_TRUTH][row],
-            data_source=columns["data_source"][row],
-            extra_info=columns["extra_info"][row] if "extra_info" in columns else {})
+            data_source=columns[fields.DATA_SOURCE][row],
+            extra_info=columns[fields.EXTRA_INFO][row] if fields.EXTRA_INFO in columns else {})
             for row, text in enumerate(texts)]
         return torch.tensor(self.remote.score(samples), dtype=torch.float32)
 

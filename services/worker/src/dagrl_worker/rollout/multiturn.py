@@ -44,8 +44,6 @@ from dagrl_worker.rollout.base import (
 )
 from dagrl_worker.rollout.processing import TurnProcessor
 
-NUM_TURNS = "num_turns"  # the column of assistant turns per sample
-
 
 @dataclass
 class Continuation:
@@ -267,7 +265,7 @@ def episodes_to_batch(samples: Batch, episodes: list[Episode], pad_token_id: int
     out = rollout_batch(samples, responses, response_mask, is_real,
                         rollout_log_probs=_log_probs_tensor(episodes, width),
                         extra={fields.TOKEN_LEVEL_SCORES: scores})
-    return out.with_fields(columns={NUM_TURNS: [e.num_turns for e in episodes]})
+    return out.with_fields(columns={fields.NUM_TURNS: [e.num_turns for e in episodes]})
 
 
 def _log_probs_tensor(episodes: list[Episode], width: int) -> torch.Tensor | None:

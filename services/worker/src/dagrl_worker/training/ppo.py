@@ -32,6 +32,7 @@ import torch
 from dagrl import telemetry
 from dagrl.algorithms import (
     PolicyLossConfig,
+    agg_denominator,
     agg_loss,
     compute_value_loss,
     get_policy_loss_fn,
@@ -57,18 +58,6 @@ class MiniBatchPlan:
     mini_batches: int  # optimizer steps per epoch (the same on every rank)
     micro: MicroBatching  # samples per forward/backward, or a token budget
     epochs: int
-
-
-def _denominator(mask: torch.Tensor, mode: str) -> float:
-    """What `agg_loss(mode)` divides by on these rows: tokens, or non-empty sequences."""
-    return float(_denominator_tensor(mask, mode))
-
-
-def _denominator_tensor(mask: torch.Tensor, mode: str) -> torch.Tensor:
-    """`_denominator` left on the rows' device (a 0-dim tensor)."""
-    if mode == "token-mean":
-        return mask.sum()
-    return (mask.sum(dim=1) > 0).sum()
 
 
 class MicroMetrics:
@@ -161,7 +150,7 @@ def run_minibatches(engine: TrainEngine, rows: Batch, plan: MiniBatchPlan, step:
     for _epoch in range(plan.epochs):
         for mini in rows.chunk(plan.mini_batches):
             mask = mini.tensors[fields.RESPONSE_MASK]
-            global_denominator = engine.dp.sum(_denominator(mask, mode))[0]
+            global_denominator = engine.dp.sum(float(agg_denominator(mask, mode)))[0]
             micros = _micro_batches(engine, mini, plan.micro)
             metrics = MicroMetrics()
             with engine.casts_held():  # the step's weights cast once for its micro-batches
@@ -187,8 +176,8 @@ def _micro_step(engine: TrainEngine, micro: Batch | None, template: Batch,
     is_padding = micro is None or len(micro) == 0
     host = masked_out_row(template) if micro is None or is_padding else micro
     # counted on the host rows: no wait for the device
-    local = 0.0 if is_padding else _denominator(host.tensors[fields.RESPONSE_MASK],
-                                                step.loss_agg_mode)
+    local = 0.0 if is_padding else float(agg_denominator(host.tensors[fields.RESPONSE_MASK],
+                                                         step.loss_agg_mode))
     scale = engine.dp.size * local / max(global_denominator, 1.0)
     batch = host.to(engine.device)  # the seam: host rows onto the device
     flops = 0.0
@@ -294,7 +283,7 @@ def update_actor(engine: TrainEngine, rows: Batch, update: ActorUpdate, plan: Mi
         tokens = mask.sum()
         # the losses' own denominator: their mean over micro-batches is the mini-batch's loss
         # however the rows were cut (tokens for token-mean, sequences for seq-mean-*)
-        counted = _denominator_tensor(batch.tensors[fields.RESPONSE_MASK], mode)
+        counted = agg_denominator(batch.tensors[fields.RESPONSE_MASK], mode)
         if entropy is not None:
             entropy_loss = agg_loss(entropy, mask, mode)
             if config.entropy_coeff != 0:
@@ -334,7 +323,7 @@ def update_critic(engine: TrainEngine, rows: Batch, config: CriticConfig,
             config.cliprange_value, mode)
         (vf_loss * scale).backward()
         metrics.add(telemetry.KEY_CRITIC_VF_LOSS, vf_loss, Reduce.MEAN,
-                    _denominator_tensor(batch.tensors[fields.RESPONSE_MASK], mode))
+                    agg_denominator(batch.tensors[fields.RESPONSE_MASK], mode))
         metrics.add(telemetry.KEY_CRITIC_VF_CLIPFRAC, vf_clipfrac, Reduce.MEAN, mask.sum())
 
     micro = MicroStep(micro_step, mode, telemetry.SPAN_CRITIC_FORWARD_BACKWARD,
