@@ -13,8 +13,8 @@ import yaml
 
 from dagrl.models.demo import DemoRecipe, prepare_assets
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
-from dagrl_worker.driver import Driver, JobOutcome
-from dagrl_worker.spec import WorkerSpec
+from dagrl_worker.driver.job_driver import Driver, JobOutcome
+from dagrl_worker.shared.spec import WorkerSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 ASSETS = ROOT / "outputs" / "arith"  # `make demo`'s

@@ -22,15 +22,15 @@ from dagrl.data import make_dataset
 from dagrl.models import load_model_and_tokenizer
 from dagrl.models.smollm2 import build_checkpoint
 from dagrl.workflow import load_workflow
-from dagrl_worker.builder import for_training
-from dagrl_worker.device import Precision
-from dagrl_worker.driver import JobOutcome
-from dagrl_worker.metrics import MetricSink
-from dagrl_worker.plan_view import colocated_plan
-from dagrl_worker.training import ppo
-from dagrl_worker.training.engine import EngineOptions, TrainEngine
-from dagrl_worker.training.parallel import DataParallel
-from dagrl_worker.training.token_budget import MicroBatching
+from dagrl_worker.driver.job_driver import JobOutcome
+from dagrl_worker.rank.builder import for_training
+from dagrl_worker.rank.device import Precision
+from dagrl_worker.rank.training import ppo
+from dagrl_worker.rank.training.engine import EngineOptions, TrainEngine
+from dagrl_worker.rank.training.parallel import DataParallel
+from dagrl_worker.rank.training.token_budget import MicroBatching
+from dagrl_worker.shared.metrics import MetricSink
+from dagrl_worker.shared.plan_view import colocated_plan
 
 ASSETS = ROOT / "outputs" / "smollm2"
 EXAMPLE = ROOT / "examples" / "grpo_smollm2_vllm.yaml"

@@ -2,7 +2,7 @@
 
 Same model, prompts, batch and turns, same greedy decoding, so both do the same generation work:
 - agent: `examples/agent_calculator.py` against the rollout's OpenAI-compatible endpoint
-  (`dagrl_worker.agents`: HTTP on loopback, chat template, batching window, exact-token
+  (`dagrl_worker.rank.agents`: HTTP on loopback, chat template, batching window, exact-token
   recording and stitching), the episodes run as the agent ROLLOUT node runs them;
 - built-in: the calculator env in the multi-turn loop (`rollout/multiturn.py`), as the
   `examples/calculator_tool.yaml` ROLLOUT node runs it.
@@ -42,15 +42,15 @@ from dagrl.envs import CalculatorToolEnv, agent_options
 from dagrl.models.demo import TOOL_USE, DemoRecipe, prepare_assets
 from dagrl.models.smollm2 import build_checkpoint
 from dagrl.tokenizing import encode_chat_prompt, load_tokenizer
-from dagrl_worker.agents.batcher import GenerationBatcher
-from dagrl_worker.agents.episodes import EpisodeOutcome, run_episodes
-from dagrl_worker.agents.gateway import Gateway
-from dagrl_worker.agents.protocol import GatewayLimits
-from dagrl_worker.agents.rendering import Renderer
-from dagrl_worker.rollout import HFRollout, SamplingParams
-from dagrl_worker.rollout.multiturn import TurnLimits, backend_generate_fn
-from dagrl_worker.rollout.multiturn import run_episodes as run_turns
-from dagrl_worker.rollout.processing import TurnProcessor
+from dagrl_worker.rank.agents.batcher import GenerationBatcher
+from dagrl_worker.rank.agents.episodes import EpisodeOutcome, run_episodes
+from dagrl_worker.rank.agents.gateway import Gateway
+from dagrl_worker.rank.agents.protocol import GatewayLimits
+from dagrl_worker.rank.agents.rendering import Renderer
+from dagrl_worker.rank.rollout import HFRollout, SamplingParams
+from dagrl_worker.rank.rollout.multiturn import TurnLimits, backend_generate_fn
+from dagrl_worker.rank.rollout.multiturn import run_episodes as run_turns
+from dagrl_worker.rank.rollout.processing import TurnProcessor
 
 ROOT = Path(__file__).resolve().parents[1]
 GREEDY = SamplingParams(do_sample=False)

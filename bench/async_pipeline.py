@@ -58,7 +58,7 @@ from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.workflow import load_workflow
 from dagrl.workflow.sides import split_sides
 from dagrl_scheduler.planning import Cluster, make_plan
-from dagrl_worker.driver import JobOutcome
+from dagrl_worker.driver.job_driver import JobOutcome
 
 WARMUP = 2
 RANKS = 2

@@ -1,6 +1,6 @@
 """The sampled tokens' log-probs from the last hidden states: every token's logits (the
 baseline, `model.log_prob_impl: logits`) against the chunked path (`chunked`:
-`dagrl_worker.training.token_log_probs`, no [tokens x vocab] tensor, recomputed in backward).
+`dagrl_worker.rank.training.token_log_probs`, no [tokens x vocab] tensor, recomputed in backward).
 
 SmolLM2-135M's head shape (hidden 576, vocabulary 49,152), 4096 tokens, temperature 0.7,
 random weights, the entropy as a metric (no gradient), forward + backward, on this process's
@@ -22,7 +22,7 @@ import time
 import torch
 
 from dagrl.algorithms import entropy_from_logits, log_probs_from_logits
-from dagrl_worker.training.token_log_probs import CHUNK_BYTES, token_log_probs
+from dagrl_worker.rank.training.token_log_probs import CHUNK_BYTES, token_log_probs
 
 HIDDEN, VOCAB, TOKENS, TEMPERATURE = 576, 49152, 4096, 0.7
 

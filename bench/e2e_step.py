@@ -27,7 +27,7 @@ from _demo_jobs import ROOT, bench_config, run_to_end, start  # bench/_demo_jobs
 
 from dagrl.local import LocalRedis
 from dagrl.workflow import load_workflow
-from dagrl_worker.plan_view import colocated_plan
+from dagrl_worker.shared.plan_view import colocated_plan
 
 
 def job(ranks: int, steps: int, redis_url: str, folder: Path) -> dict[str, float]:

@@ -51,12 +51,12 @@ from dagrl.data import read_parquet
 from dagrl.local import LocalRedis
 from dagrl.models import load_model_and_tokenizer
 from dagrl.tokenizing import encode_chat_prompt
-from dagrl_worker.device import Precision, cpu_has_native_bf16
-from dagrl_worker.driver import JobOutcome
-from dagrl_worker.prompts import prompts_to_batch
-from dagrl_worker.rollout import HFRollout, SamplingParams
-from dagrl_worker.training.ppo import ForwardTarget, compute_log_probs
-from dagrl_worker.training.token_budget import MicroBatching
+from dagrl_worker.driver.job_driver import JobOutcome
+from dagrl_worker.rank.device import Precision, cpu_has_native_bf16
+from dagrl_worker.rank.prompts import prompts_to_batch
+from dagrl_worker.rank.rollout import HFRollout, SamplingParams
+from dagrl_worker.rank.training.forward import ForwardTarget, compute_log_probs
+from dagrl_worker.rank.training.token_budget import MicroBatching
 
 BF16_STEPS = 10
 ACTOR_PHASE = "timing_s/actor_train"

@@ -33,9 +33,14 @@ import torch
 from dagrl.envs import StepResult, agent_options
 from dagrl.models import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from dagrl.tokenizing import encode_chat_prompt
-from dagrl_worker.rollout import HFRollout, SamplingParams
-from dagrl_worker.rollout.multiturn import GenerateFn, TurnLimits, backend_generate_fn, run_episodes
-from dagrl_worker.rollout.processing import TurnProcessor
+from dagrl_worker.rank.rollout import HFRollout, SamplingParams
+from dagrl_worker.rank.rollout.multiturn import (
+    GenerateFn,
+    TurnLimits,
+    backend_generate_fn,
+    run_episodes,
+)
+from dagrl_worker.rank.rollout.processing import TurnProcessor
 
 MAX_TURNS = 4
 SLOW_S, FAST_S = 0.250, 0.005  # a remote sandbox or search call vs a local tool

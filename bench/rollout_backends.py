@@ -56,11 +56,11 @@ from dagrl.models import (
     load_model_and_tokenizer,
 )
 from dagrl.models.smollm2 import build_checkpoint
-from dagrl_worker.prompts import prompts_to_batch
-from dagrl_worker.rollout import HFRollout, SamplingParams
-from dagrl_worker.rollout.vllm_engine import VLLMRollout
-from dagrl_worker.training.forward import response_log_probs
-from dagrl_worker.weight_layout import plan_buckets, specs_of
+from dagrl_worker.rank.prompts import prompts_to_batch
+from dagrl_worker.rank.rollout import HFRollout, SamplingParams
+from dagrl_worker.rank.rollout.vllm_engine import VLLMRollout
+from dagrl_worker.rank.training.model_outputs import response_log_probs
+from dagrl_worker.rank.weight_layout import plan_buckets, specs_of
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES, NEW_TOKENS = 64, 64

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from dagrl_worker.rollout.hf import _SeededDraw
+from dagrl_worker.rank.rollout.hf import _SeededDraw
 
 
 def _ms(draw: Callable[[], torch.Tensor], repeats: int) -> float:

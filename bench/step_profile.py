@@ -68,9 +68,9 @@ from dagrl.data import read_parquet
 from dagrl.local import LocalRedis
 from dagrl.models import load_model_and_tokenizer
 from dagrl.tokenizing import encode_chat_prompt
-from dagrl_worker.device import cpu_has_native_bf16
-from dagrl_worker.driver import JobOutcome
-from dagrl_worker.training.flops import FlopCounter
+from dagrl_worker.driver.job_driver import JobOutcome
+from dagrl_worker.rank.device import cpu_has_native_bf16
+from dagrl_worker.rank.training.flops import FlopCounter
 
 THREADS = 2  # the two ranks' one thread each
 TRL_STEP_SECONDS = {"bf16": 28.2, "fp32": 45.8}  # issue #33's table (2-core AMX Xeon)

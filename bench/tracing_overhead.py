@@ -32,7 +32,7 @@ from _demo_jobs import ROOT, bench_config, run_to_end, start  # bench/_demo_jobs
 from dagrl.local import LocalRedis, stop_process
 from dagrl.local.redis_server import free_port
 from dagrl.workflow import load_workflow
-from dagrl_worker.plan_view import colocated_plan
+from dagrl_worker.shared.plan_view import colocated_plan
 
 RANKS = 2
 

@@ -44,8 +44,8 @@ from dagrl.local import LocalRedis
 from dagrl.models import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from dagrl.models.warm_start import supervised_warm_start
 from dagrl.workflow import load_workflow
-from dagrl_worker.driver import JobOutcome
-from dagrl_worker.plan_view import colocated_plan
+from dagrl_worker.driver.job_driver import JobOutcome
+from dagrl_worker.shared.plan_view import colocated_plan
 
 WARMUP = 2
 RANKS = 2

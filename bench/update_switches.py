@@ -41,7 +41,7 @@ from _smollm2_job import ASSETS, RankUpdate, UpdateSetup, prepare_assets, update
 from dagrl.batch import Batch
 from dagrl.batch import schema as fields
 from dagrl.models import load_model_and_tokenizer
-from dagrl_worker.training.flops import FlopCounter
+from dagrl_worker.rank.training.flops import FlopCounter
 
 ROWS, PROMPT, RESPONSE = 32, 40, 32
 GROUP = 2  # variants held beside the reference at once (each model + AdamW state ~2.2 GB)

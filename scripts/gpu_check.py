@@ -76,24 +76,19 @@ from dagrl.config import (  # noqa: E402
 from dagrl.models import build_char_tokenizer, load_model_and_tokenizer  # noqa: E402
 from dagrl.models.demo import DemoRecipe, prepare_assets  # noqa: E402
 from dagrl.workflow import load_workflow  # noqa: E402
-from dagrl_worker.builder import for_training  # noqa: E402
-from dagrl_worker.dag_worker import DAGWorker  # noqa: E402
-from dagrl_worker.device import Precision, RankDevice, rank_device  # noqa: E402
-from dagrl_worker.metrics import MetricSink  # noqa: E402
-from dagrl_worker.plan_view import colocated_plan  # noqa: E402
-from dagrl_worker.prompts import prompts_to_batch  # noqa: E402
-from dagrl_worker.rollout import HFRollout, SamplingParams  # noqa: E402
-from dagrl_worker.spec import WorkerSpec  # noqa: E402
-from dagrl_worker.training.engine import EngineOptions, TrainEngine  # noqa: E402
-from dagrl_worker.training.parallel import DataParallel  # noqa: E402
-from dagrl_worker.training.ppo import (  # noqa: E402
-    ActorUpdate,
-    ForwardTarget,
-    MiniBatchPlan,
-    compute_log_probs,
-    update_actor,
-)
-from dagrl_worker.training.token_budget import MicroBatching  # noqa: E402
+from dagrl_worker.rank.builder import for_training  # noqa: E402
+from dagrl_worker.rank.dag_worker import DAGWorker  # noqa: E402
+from dagrl_worker.rank.device import Precision, RankDevice, rank_device  # noqa: E402
+from dagrl_worker.rank.prompts import prompts_to_batch  # noqa: E402
+from dagrl_worker.rank.rollout import HFRollout, SamplingParams  # noqa: E402
+from dagrl_worker.rank.training.engine import EngineOptions, TrainEngine  # noqa: E402
+from dagrl_worker.rank.training.forward import ForwardTarget, compute_log_probs  # noqa: E402
+from dagrl_worker.rank.training.parallel import DataParallel  # noqa: E402
+from dagrl_worker.rank.training.ppo import ActorUpdate, MiniBatchPlan, update_actor  # noqa: E402
+from dagrl_worker.rank.training.token_budget import MicroBatching  # noqa: E402
+from dagrl_worker.shared.metrics import MetricSink  # noqa: E402
+from dagrl_worker.shared.plan_view import colocated_plan  # noqa: E402
+from dagrl_worker.shared.spec import WorkerSpec  # noqa: E402
 
 ACCURACY = "val/arith/accuracy"
 FP32_LOG_PROB_TOLERANCE = 1e-4

@@ -1,6 +1,6 @@
 """A run folder's checkpoint layout, and whether a resume would load what the job names.
 
-    <run folder>/global_step_<N>/   one committed checkpoint (written by dagrl_worker.checkpoint)
+    <run folder>/global_step_<N>/   one committed checkpoint (dagrl_worker.rank.checkpoint)
     <run folder>/latest_checkpointed_iteration.txt   the newest committed N
 
 Only folders named exactly `global_step_<int>` are checkpoints: a user's copy such as

@@ -7,14 +7,14 @@ caller knows them for its own place, so each checks as early as it can, in the s
   16 s in with a Ray placement message that never named `trainer.device`);
 - the scheduler: its live Ray cluster's GPUs (`dagrl_scheduler.ray_cluster`), where it has one;
   it cannot tell what is installed there, so the package rules are skipped (facts `None`);
-- a rank: the GPU Ray gave it and what its Python can import (`dagrl_worker.device`), again,
+- a rank: the GPU Ray gave it and what its Python can import (`dagrl_worker.rank.device`), again,
   for the jobs a Driver runs without the scheduler.
 
 Rules read names and flags only (no model loads). `trainer.device: auto` is decided in one
 place, `resolve_device`, by every caller from what it knows of the GPUs: a rank (the GPU Ray
 gave it), the driver and the scheduler (the Ray cluster's GPUs), the scheduler without a Ray
 cluster (a GPU driver on its machine). What a rank decides for its device once it runs
-(`dagrl_worker.device.for_device`) follows it too, so the check and the decision agree.
+(`dagrl_worker.rank.device.for_device`) follows it too, so the check and the decision agree.
 """
 
 from __future__ import annotations

@@ -145,7 +145,7 @@ class RunFolderBusyError(FailedPreconditionError):
 
 
 class CheckpointDamagedError(FailedPreconditionError):
-    """A checkpoint file cannot be read (`dagrl_worker.checkpoint_files`): the message names
+    """A checkpoint file cannot be read (`dagrl_worker.rank.checkpoint_files`): the message names
     the file and how to resume without it."""
 
 

@@ -298,7 +298,8 @@ def _model_reward_problems(graph: TaskGraph) -> list[str]:
 
 
 class PlannedLayout(Protocol):
-    """A node's place in a plan (`dagrl_worker.plan_view.NodeLayout`, or the Plan proto's)."""
+    """A node's place in a plan (`dagrl_worker.shared.plan_view.NodeLayout`, or the Plan
+    proto's)."""
 
     @property
     def ranks(self) -> Sequence[int]: ...
@@ -322,7 +323,7 @@ def check_planned_job(config: JobConfig, graph: TaskGraph, layouts: Mapping[str,
 
 def redraw_problems(graph: TaskGraph, layouts: Mapping[str, PlannedLayout]) -> list[str]:
     """A DYNAMIC_SAMPLING node redraws prompts by rerunning its ancestors on its own ranks
-    (`dagrl_worker.graph_runner.GraphRunner.regenerate`): they must all run there."""
+    (`dagrl_worker.rank.graph_runner.GraphRunner.regenerate`): they must all run there."""
     problems = []
     for node in graph.nodes:
         if node.node_role != NodeRole.DYNAMIC_SAMPLING or node.node_id not in layouts:

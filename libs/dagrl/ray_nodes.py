@@ -8,7 +8,7 @@ cluster's node); all are optional:
 - `dagrl.io/device-memory-gib`: memory per device.
 
 The scheduler reads them to plan for the cluster there is (`dagrl_scheduler.ray_cluster`),
-the driver to bind each planned machine to a node (`dagrl_worker.placement`).
+the driver to bind each planned machine to a node (`dagrl_worker.driver.placement`).
 """
 
 from __future__ import annotations

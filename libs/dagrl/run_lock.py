@@ -5,16 +5,16 @@ the same checkpoints and interleave one metrics file. Whoever runs a job holds a
 on `<run folder>/.dagrl.lock` and writes its name there; anyone else is refused at once with
 `RunFolderBusyError` naming the folder and that holder.
 
-Two take it. The job driver (`dagrl_worker.driver`) holds it for the job's whole life, whoever
-launched the job. `dagrl run` takes it before it starts any service: otherwise two `dagrl run`
-of one experiment a second apart both start their services and Ray, and the one refused, 18 s
-in, may be the first. It then hands the lock to its own driver: it takes the lock exclusively
-(no one else holds it), writes a random hand-over token under its name, and keeps a shared
-lock; the driver, launched with that token in its environment (`HANDOVER_ENV`, through the
-embedded scheduler), takes a shared lock beside it when the file holds the same token, and
-removes the token. Anyone else asks for the exclusive lock and is refused while either of the
-two holds theirs, so the folder stays taken until both are gone: a `dagrl run` killed by
-SIGKILL leaves its driver holding it until the driver, cancelled, exits.
+Two take it. The job driver (`dagrl_worker.driver.job_driver`) holds it for the job's whole life,
+whoever launched the job. `dagrl run` takes it before it starts any service: otherwise two `dagrl
+run` of one experiment a second apart both start their services and Ray, and the one refused, 18 s
+in, may be the first. It then hands the lock to its own driver: it takes the lock exclusively (no
+one else holds it), writes a random hand-over token under its name, and keeps a shared lock; the
+driver, launched with that token in its environment (`HANDOVER_ENV`, through the embedded
+scheduler), takes a shared lock beside it when the file holds the same token, and removes the
+token. Anyone else asks for the exclusive lock and is refused while either of the two holds theirs,
+so the folder stays taken until both are gone: a `dagrl run` killed by SIGKILL leaves its driver
+holding it until the driver, cancelled, exits.
 
 The kernel drops a flock when its holder's process dies, so a crashed run never blocks the
 next one, and a job that resumes the run after the first one ended takes it as usual. The lock

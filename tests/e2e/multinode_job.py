@@ -56,9 +56,9 @@ from dagrl.workflow import load_workflow, parse_workflow
 from dagrl_scheduler.config import SchedulerConfig
 from dagrl_scheduler.planning import Cluster, ClusterNode, make_plan
 from dagrl_scheduler.server import SchedulerServer
-from dagrl_worker.driver import Driver
-from dagrl_worker.placement import LABEL_DEVICE_KIND, NODE_ID_LABEL
-from dagrl_worker.spec import WorkerSpec
+from dagrl_worker.driver.job_driver import Driver
+from dagrl_worker.driver.placement import LABEL_DEVICE_KIND, NODE_ID_LABEL
+from dagrl_worker.shared.spec import WorkerSpec
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grpo_arith.yaml"
 

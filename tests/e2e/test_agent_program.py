@@ -23,8 +23,8 @@ from dagrl.jobs import JobState
 from dagrl.local import LocalRedis
 from dagrl.workflow import load_workflow
 from dagrl_scheduler.planning import Cluster, make_plan
-from dagrl_worker.driver import Driver, JobOutcome
-from dagrl_worker.spec import WorkerSpec
+from dagrl_worker.driver.job_driver import Driver, JobOutcome
+from dagrl_worker.shared.spec import WorkerSpec
 
 from .conftest import EXAMPLES, job_config
 from .test_training import _actor_weights, resume_folder, series

@@ -18,7 +18,7 @@ from dagrl.local import LocalRedis
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.workflow import load_workflow
 from dagrl_scheduler.planning import Cluster, make_plan
-from dagrl_worker.async_training.sample_ledger import read_trained
+from dagrl_worker.rank.async_training.sample_ledger import read_trained
 
 from .test_training import _actor_weights, run_job, series
 
@@ -140,8 +140,8 @@ def test_async_restart_trains_every_prompt_once_in_order(ray_session: None, asse
 def test_stale_samples_leave_the_loss() -> None:
     from dagrl.batch import Batch
     from dagrl.batch import schema as fields
-    from dagrl_worker.async_training.staleness import guard_staleness
-    from dagrl_worker.metrics import MetricSink
+    from dagrl_worker.rank.async_training.staleness import guard_staleness
+    from dagrl_worker.shared.metrics import MetricSink
 
     mask = torch.ones(4, 3, dtype=torch.long)
     batch = Batch(tensors={"response_mask": mask,

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from dagrl.jobs import JobState
 from dagrl.local import LocalRedis
-from dagrl_worker import checkpoint
+from dagrl_worker.rank import checkpoint
 
 from .test_training import resume_folder, run_job, series, split_plan
 

@@ -23,12 +23,12 @@ from dagrl.engines import is_engine_installed
 from dagrl.jobs import JobState
 from dagrl.local import LocalRedis
 from dagrl.workflow import load_workflow
-from dagrl_worker import checkpoint
-from dagrl_worker.dag_worker import DAGWorker
-from dagrl_worker.driver import Driver
-from dagrl_worker.executors.base import Executor, StepContext
-from dagrl_worker.plan_view import colocated_plan
-from dagrl_worker.spec import WorkerSpec
+from dagrl_worker.driver.job_driver import Driver
+from dagrl_worker.rank import checkpoint
+from dagrl_worker.rank.dag_worker import DAGWorker
+from dagrl_worker.rank.executors.base import Executor, StepContext
+from dagrl_worker.shared.plan_view import colocated_plan
+from dagrl_worker.shared.spec import WorkerSpec
 
 from .conftest import job_config
 

@@ -22,10 +22,10 @@ from dagrl.local import LocalRedis
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.workflow import load_workflow
 from dagrl_scheduler.planning import Cluster, make_plan
-from dagrl_worker import checkpoint
-from dagrl_worker.driver import Driver, JobOutcome
-from dagrl_worker.plan_view import colocated_plan
-from dagrl_worker.spec import WorkerSpec
+from dagrl_worker.driver.job_driver import Driver, JobOutcome
+from dagrl_worker.rank import checkpoint
+from dagrl_worker.shared.plan_view import colocated_plan
+from dagrl_worker.shared.spec import WorkerSpec
 
 from .conftest import job_config
 

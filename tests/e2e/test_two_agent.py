@@ -24,9 +24,9 @@ from dagrl.jobs import JobState
 from dagrl.local import LocalRedis
 from dagrl.workflow import load_workflow
 from dagrl_scheduler.planning import Cluster, make_plan
-from dagrl_worker import checkpoint
-from dagrl_worker.driver import Driver
-from dagrl_worker.spec import WorkerSpec
+from dagrl_worker.driver.job_driver import Driver
+from dagrl_worker.rank import checkpoint
+from dagrl_worker.shared.spec import WorkerSpec
 
 from .conftest import job_config
 
@@ -37,7 +37,7 @@ PROMPTS, N = 8, 4  # per step; samples per prompt of each agent
 BUILTIN = Path(__file__).resolve().parents[2] / "libs/dagrl/workflow/builtin/two_agent.yaml"
 
 CHECKS = '''
-from dagrl_worker.metrics import Reduce
+from dagrl_worker.shared.metrics import Reduce
 
 
 def check_lineage(batch, ctx):

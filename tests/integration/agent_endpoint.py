@@ -14,11 +14,11 @@ from transformers import AutoModelForCausalLM
 
 from dagrl.batch import Batch
 from dagrl.tokenizing import load_tokenizer
-from dagrl_worker.agents.batcher import GenerationBatcher
-from dagrl_worker.agents.gateway import Gateway
-from dagrl_worker.agents.protocol import GatewayLimits
-from dagrl_worker.agents.rendering import Renderer
-from dagrl_worker.rollout import HFRollout, SamplingParams
+from dagrl_worker.rank.agents.batcher import GenerationBatcher
+from dagrl_worker.rank.agents.gateway import Gateway
+from dagrl_worker.rank.agents.protocol import GatewayLimits
+from dagrl_worker.rank.agents.rendering import Renderer
+from dagrl_worker.rank.rollout import HFRollout, SamplingParams
 
 QUESTION = [{"role": "user", "content": "12+34="}]
 WIDTH = 96  # max_response_tokens

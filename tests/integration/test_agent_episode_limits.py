@@ -19,12 +19,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from dagrl.tokenizing import load_tokenizer
-from dagrl_worker.agents.batcher import GenerationBatcher
-from dagrl_worker.agents.episodes import EpisodeOutcome, run_episodes
-from dagrl_worker.agents.gateway import Gateway
-from dagrl_worker.agents.protocol import GatewayLimits
-from dagrl_worker.agents.rendering import Renderer
-from dagrl_worker.rollout import HFRollout, SamplingParams
+from dagrl_worker.rank.agents.batcher import GenerationBatcher
+from dagrl_worker.rank.agents.episodes import EpisodeOutcome, run_episodes
+from dagrl_worker.rank.agents.gateway import Gateway
+from dagrl_worker.rank.agents.protocol import GatewayLimits
+from dagrl_worker.rank.agents.rendering import Renderer
+from dagrl_worker.rank.rollout import HFRollout, SamplingParams
 
 pytestmark = pytest.mark.integration
 QUESTION = [{"role": "user", "content": "12+34="}]

@@ -16,11 +16,11 @@ from transformers import AutoModelForCausalLM
 
 from dagrl.models.smollm2 import build_checkpoint
 from dagrl.tokenizing import load_tokenizer
-from dagrl_worker.agents.episodes import EpisodeOutcome, episodes_to_batch, run_episodes
-from dagrl_worker.agents.gateway import Gateway
-from dagrl_worker.prompts import prompts_to_batch
-from dagrl_worker.rollout import SamplingParams
-from dagrl_worker.training.forward import response_log_probs
+from dagrl_worker.rank.agents.episodes import EpisodeOutcome, episodes_to_batch, run_episodes
+from dagrl_worker.rank.agents.gateway import Gateway
+from dagrl_worker.rank.prompts import prompts_to_batch
+from dagrl_worker.rank.rollout import SamplingParams
+from dagrl_worker.rank.training.model_outputs import response_log_probs
 from tests.integration.agent_endpoint import QUESTION, WIDTH, SeenBackend, serve
 from tests.integration.agent_endpoint import policy as policy  # the fixture
 

@@ -16,7 +16,7 @@ import aiohttp
 import openai
 import pytest
 
-from dagrl_worker.agents.gateway import STOP_GRACE_S, Gateway
+from dagrl_worker.rank.agents.gateway import STOP_GRACE_S, Gateway
 from tests.integration.agent_endpoint import QUESTION, SeenBackend, serve
 from tests.integration.agent_endpoint import policy as policy  # the fixture
 

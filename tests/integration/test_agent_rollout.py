@@ -17,12 +17,12 @@ from dagrl.config import load_job_config
 from dagrl.errors import ConfigError
 from dagrl.tokenizing import load_tokenizer
 from dagrl.workflow import Node, NodeRole, NodeType
-from dagrl_worker.executors.agent import AgentError, AgentRolloutExecutor
-from dagrl_worker.executors.base import AgentModels, StepContext
-from dagrl_worker.executors.table import build_executor
-from dagrl_worker.metrics import MetricSink
-from dagrl_worker.prompts import prompts_to_batch
-from dagrl_worker.rollout import HFRollout
+from dagrl_worker.rank.executors.agent import AgentError, AgentRolloutExecutor
+from dagrl_worker.rank.executors.base import AgentModels, StepContext
+from dagrl_worker.rank.executors.table import build_executor
+from dagrl_worker.rank.prompts import prompts_to_batch
+from dagrl_worker.rank.rollout import HFRollout
+from dagrl_worker.shared.metrics import MetricSink
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ from dagrl.telemetry import TelemetryConfig
 from dagrl_databuffer.config import ServiceConfig
 from dagrl_metrics.config import MetricsConfig
 from dagrl_scheduler.config import SchedulerConfig
-from dagrl_worker.config import WorkerSettings
+from dagrl_worker.shared.config import WorkerSettings
 
 from .conftest import (
     ROOT,

@@ -30,7 +30,7 @@ IMAGE_ENTRY_MODULES = {
     "services/metrics/Dockerfile": ["dagrl_metrics.__main__"],
     "services/databuffer/Dockerfile": ["dagrl_databuffer.__main__"],
     "services/scheduler/Dockerfile": ["dagrl_scheduler.__main__", "dagrl_worker.__main__"],
-    "services/worker/Dockerfile": ["ray.scripts.scripts", "dagrl_worker.actors"],
+    "services/worker/Dockerfile": ["ray.scripts.scripts", "dagrl_worker.rank.actors"],
 }
 
 

@@ -11,9 +11,9 @@ import torch
 import torch.distributed as dist
 
 from dagrl.config import OptimConfig
-from dagrl_worker.device import RankDevice
-from dagrl_worker.training.engine import EngineOptions, TrainEngine
-from dagrl_worker.training.parallel import DataParallel
+from dagrl_worker.rank.device import RankDevice
+from dagrl_worker.rank.training.engine import EngineOptions, TrainEngine
+from dagrl_worker.rank.training.parallel import DataParallel
 from services.worker.tests.test_gpu_training import model_and_rows, update_actor_once
 from tests.integration.spawned_ranks import run_ranks
 

@@ -20,12 +20,12 @@ from dagrl.models import (
     build_tiny_model,
     load_model_and_tokenizer,
 )
-from dagrl_worker import weight_sync
-from dagrl_worker.device import RankDevice
-from dagrl_worker.prompts import prompts_to_batch
-from dagrl_worker.rollout import SamplingParams
-from dagrl_worker.training.forward import response_log_probs
-from dagrl_worker.weight_layout import plan_buckets, specs_of
+from dagrl_worker.rank import weight_sync
+from dagrl_worker.rank.device import RankDevice
+from dagrl_worker.rank.prompts import prompts_to_batch
+from dagrl_worker.rank.rollout import SamplingParams
+from dagrl_worker.rank.training.model_outputs import response_log_probs
+from dagrl_worker.rank.weight_layout import plan_buckets, specs_of
 from tests.integration.spawned_ranks import run_ranks
 
 pytestmark = [
@@ -61,7 +61,7 @@ def test_cuda_graphs_sleep_and_reload(checkpoint: Path) -> None:
     engine that samples what the new weights say; a validation-style level-1 sleep keeps
     them."""
     from dagrl.errors import FailedPreconditionError
-    from dagrl_worker.rollout.vllm_engine import VLLMRollout
+    from dagrl_worker.rank.rollout.vllm_engine import VLLMRollout
 
     tokenizer = build_char_tokenizer()
     config = RolloutConfig(name="vllm", enforce_eager=False, gpu_memory_utilization=0.3,

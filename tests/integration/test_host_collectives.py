@@ -50,19 +50,14 @@ def _rank(rank: int, port: int, results: dict) -> None:
     from dagrl.config import ActorConfig, OptimConfig, RolloutConfig, RolloutCorrectionConfig
     from dagrl.errors import ConfigError
     from dagrl.workflow import load_workflow
-    from dagrl_worker.device import RankDevice
-    from dagrl_worker.metrics import MetricSink
-    from dagrl_worker.plan_view import PlanView, colocated_plan
-    from dagrl_worker.rank_groups import RankGroups
-    from dagrl_worker.training.engine import EngineOptions, TrainEngine
-    from dagrl_worker.training.ppo import (
-        ActorUpdate,
-        MiniBatchPlan,
-        compute_log_probs,
-        forward_module,
-        update_actor,
-    )
-    from dagrl_worker.training.token_budget import MicroBatching
+    from dagrl_worker.rank.device import RankDevice
+    from dagrl_worker.rank.rank_groups import RankGroups
+    from dagrl_worker.rank.training.engine import EngineOptions, TrainEngine
+    from dagrl_worker.rank.training.forward import compute_log_probs, forward_module
+    from dagrl_worker.rank.training.ppo import ActorUpdate, MiniBatchPlan, update_actor
+    from dagrl_worker.rank.training.token_budget import MicroBatching
+    from dagrl_worker.shared.metrics import MetricSink
+    from dagrl_worker.shared.plan_view import PlanView, colocated_plan
 
     torch.set_num_threads(1)
     graph = load_workflow("grpo")

@@ -20,8 +20,8 @@ from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.workflow import load_workflow, parse_workflow
 from dagrl_databuffer.client import DataBufferClient
 from dagrl_scheduler.planning import Cluster, make_plan
-from dagrl_worker.dataflow import EdgeRouter, chained_group_id, lineage_link
-from dagrl_worker.plan_view import PlanView
+from dagrl_worker.rank.dataflow import EdgeRouter, chained_group_id, lineage_link
+from dagrl_worker.shared.plan_view import PlanView
 
 pytestmark = pytest.mark.integration
 WIDTH, N = 3, 2  # response width; samples per prompt and per parent sample

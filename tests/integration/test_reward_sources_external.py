@@ -17,7 +17,7 @@ import torch
 
 from dagrl import telemetry
 from dagrl.errors import RewardError
-from dagrl_worker.metrics import MetricSink
+from dagrl_worker.shared.metrics import MetricSink
 from services.worker.tests.test_reward_sources import (
     ANSWERS,
     RM,

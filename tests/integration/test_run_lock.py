@@ -17,8 +17,8 @@ import yaml
 from dagrl.errors import RunFolderBusyError
 from dagrl.run_lock import RunLock
 from dagrl.workflow import load_workflow
-from dagrl_worker.plan_view import colocated_plan
-from dagrl_worker.spec import WorkerSpec
+from dagrl_worker.shared.plan_view import colocated_plan
+from dagrl_worker.shared.spec import WorkerSpec
 
 # Holds the lock of the folder argv[1] as job argv[2] until its stdin closes.
 _HOLD_LOCK = """
@@ -43,7 +43,7 @@ sys.stdin.read()
 # The same, through the driver itself (no Ray is started: only the constructor runs).
 _HOLD_DRIVER = """
 import pickle, sys
-from dagrl_worker.driver import Driver
+from dagrl_worker.driver.job_driver import Driver
 driver = Driver(pickle.loads(bytes.fromhex(sys.argv[1])))
 print("held", flush=True)
 sys.stdin.read()
@@ -127,7 +127,7 @@ def _spec(job_id: str, folder: Path) -> WorkerSpec:
 
 
 def test_two_live_drivers_cannot_share_a_run_folder_but_a_resume_can(tmp_path: Path) -> None:
-    from dagrl_worker.driver import Driver  # Ray and torch: seconds to import
+    from dagrl_worker.driver.job_driver import Driver  # Ray and torch: seconds to import
 
     folder = tmp_path / "proj" / "exp"
     holder = _hold(_HOLD_DRIVER, pickle.dumps(_spec("job-a", folder)).hex())
@@ -150,8 +150,8 @@ import os, sys, time
 from pathlib import Path
 import redis
 from dagrl.jobs import JobState, JobStore
-from dagrl_worker.driver import Driver
-from dagrl_worker.driver_args import parse_args, spec_from_store
+from dagrl_worker.driver.job_driver import Driver
+from dagrl_worker.driver.main import parse_args, spec_from_store
 
 with open(os.environ["DAGRL_TEST_FAKE_DRIVER_PIDS"], "a") as pids:  # stopped by the fixture
     pids.write(f"{os.getpid()}\\n")

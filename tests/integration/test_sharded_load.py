@@ -21,10 +21,10 @@ def _rank(rank: int, port: int, checkpoint: str, results: dict) -> None:
 
     from dagrl.config import load_job_config
     from dagrl.workflow import load_workflow
-    from dagrl_worker.builder import build_agent_models
-    from dagrl_worker.training.parallel import DataParallel
-    from dagrl_worker.training.ppo import compute_log_probs, forward_module
-    from dagrl_worker.training.token_budget import MicroBatching
+    from dagrl_worker.rank.builder import build_agent_models
+    from dagrl_worker.rank.training.forward import compute_log_probs, forward_module
+    from dagrl_worker.rank.training.parallel import DataParallel
+    from dagrl_worker.rank.training.token_budget import MicroBatching
     from services.worker.tests.test_gpu_training import model_and_rows
 
     torch.set_num_threads(1)

@@ -23,10 +23,10 @@ from dagrl.models import (
     build_tiny_model,
     load_model_and_tokenizer,
 )
-from dagrl_worker.prompts import prompts_to_batch
-from dagrl_worker.rollout import SamplingParams
-from dagrl_worker.rollout.vllm_engine import VLLMRollout
-from dagrl_worker.weight_layout import plan_buckets, specs_of
+from dagrl_worker.rank.prompts import prompts_to_batch
+from dagrl_worker.rank.rollout import SamplingParams
+from dagrl_worker.rank.rollout.vllm_engine import VLLMRollout
+from dagrl_worker.rank.weight_layout import plan_buckets, specs_of
 
 if not is_engine_installed("vllm"):
     if platform.system() == "Linux" and platform.machine() == "x86_64":

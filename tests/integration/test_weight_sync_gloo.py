@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dagrl_worker import weight_sync
-from dagrl_worker.weight_layout import plan_buckets, specs_of
+from dagrl_worker.rank import weight_sync
+from dagrl_worker.rank.weight_layout import plan_buckets, specs_of
 from services.worker.tests.test_weight_sync import model_state
 from tests.integration.spawned_ranks import run_ranks
 

@@ -4,7 +4,7 @@ Owns the contract between the rollout loop and an environment (`reset`, `step`, 
 `get_rewards`), the `StepResult` and `Trajectory` records and the `info` keys the loop reads
 (`TOOL_CALLS`, `TOOL_ERRORS`). It imports no environment: the built-ins import it, and how a
 workflow names one is `dagrl.envs.naming`'s. It does not run episodes: the worker's multi-turn
-loop does (`dagrl_worker.rollout.multiturn`).
+loop does (`dagrl_worker.rank.rollout.multiturn`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ default templates are ChatML (Qwen2.5, the tiny char model): after each response
 
 A ROLLOUT node with `agent_options.agent` (`module:function` or `path/file.py:function`)
 runs a user's agent program against an OpenAI-compatible endpoint instead of an env
-(`dagrl_worker.agents`); `agent` excludes `env` and `chain_template`, and only it reads the
+(`dagrl_worker.rank.agents`); `agent` excludes `env` and `chain_template`, and only it reads the
 `AGENT_KEYS` options.
 
 `check_agent_nodes` is the workflow-level check, shared by the scheduler (at PlanJob/SubmitJob)

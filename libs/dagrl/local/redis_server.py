@@ -1,7 +1,7 @@
 """LocalRedis: a private, throwaway redis-server on a free port (loopback by default).
 
 Used by tests, benches, `dagrl run` (the embedded mode) and the per-machine databuffer
-(`dagrl_worker.machine_buffers`, which binds the machine's address with a password). It
+(`dagrl_worker.driver.machine_buffers`, which binds the machine's address with a password). It
 starts `redis-server` as a child process with persistence off, a memory cap and
 `maxmemory-policy noeviction` (a full Redis then refuses writes instead of silently evicting
 shards), waits until PING answers, and stops it by PID. With `die_with_parent` the server

@@ -1,5 +1,5 @@
-"""A running job's `waiting_reason` (a lost node, `dagrl_worker.driver`): stored, carried by the
-scheduler's Job message and shown by `dagrl status`."""
+"""A running job's `waiting_reason` (a lost node, `dagrl_worker.driver.job_driver`): stored,
+carried by the scheduler's Job message and shown by `dagrl status`."""
 
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ import torch
 
 from dagrl.batch import Batch
 from dagrl.models import TinyModelSpec, build_char_tokenizer, build_tiny_model
-from dagrl_worker.rollout import SamplingParams
-from dagrl_worker.rollout.base import NamedTensors, rollout_batch
+from dagrl_worker.rank.rollout import SamplingParams
+from dagrl_worker.rank.rollout.base import NamedTensors, rollout_batch
 
 
 @pytest.fixture(scope="session")

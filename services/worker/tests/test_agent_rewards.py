@@ -11,8 +11,8 @@ from typing import Any
 import numpy
 import pytest
 
-from dagrl_worker.agents.episodes import EpisodeOutcome, episode_reward, leave_out_odd_rewards
-from dagrl_worker.agents.sessions import Session
+from dagrl_worker.rank.agents.episodes import EpisodeOutcome, episode_reward, leave_out_odd_rewards
+from dagrl_worker.rank.agents.sessions import Session
 
 
 @pytest.mark.parametrize(("value", "reward"), [

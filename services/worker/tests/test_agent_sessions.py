@@ -11,11 +11,11 @@ from dagrl.batch import schema as fields
 from dagrl.envs import agent_options
 from dagrl.errors import ConfigError
 from dagrl.models import build_char_tokenizer
-from dagrl_worker.agents.episodes import EpisodeOutcome, episodes_to_batch
-from dagrl_worker.agents.protocol import GatewayError, GatewayLimits, parse_chat
-from dagrl_worker.agents.rendering import ChatTail, CompletionTail, Renderer
-from dagrl_worker.agents.sessions import Sampled, Session, SessionRegistry
-from dagrl_worker.prompts import prompts_to_batch
+from dagrl_worker.rank.agents.episodes import EpisodeOutcome, episodes_to_batch
+from dagrl_worker.rank.agents.protocol import GatewayError, GatewayLimits, parse_chat
+from dagrl_worker.rank.agents.rendering import ChatTail, CompletionTail, Renderer
+from dagrl_worker.rank.agents.sessions import Sampled, Session, SessionRegistry
+from dagrl_worker.rank.prompts import prompts_to_batch
 
 TOKENIZER = build_char_tokenizer()
 RENDERER = Renderer(TOKENIZER)

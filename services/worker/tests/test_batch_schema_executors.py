@@ -23,15 +23,15 @@ from dagrl.job_rules import executor_kind
 from dagrl.models import build_char_tokenizer, load_model_and_tokenizer
 from dagrl.tokenizing import encode_chat_prompt
 from dagrl.workflow import Node, NodeRole, NodeType, list_builtin_workflows, load_workflow
-from dagrl_worker.async_training.staleness import tag_rollout_version
-from dagrl_worker.executors import table
-from dagrl_worker.executors.base import AgentModels, StepContext
-from dagrl_worker.executors.compute import AdvantageExecutor, AdvantageSettings
-from dagrl_worker.metrics import MetricSink
-from dagrl_worker.prompts import prompts_to_batch
-from dagrl_worker.rollout import HFRollout, SamplingParams
-from dagrl_worker.training.ppo import compute_log_probs
-from dagrl_worker.training.token_budget import MicroBatching
+from dagrl_worker.rank.async_training.staleness import tag_rollout_version
+from dagrl_worker.rank.executors import table
+from dagrl_worker.rank.executors.base import AgentModels, StepContext
+from dagrl_worker.rank.executors.compute import AdvantageExecutor, AdvantageSettings
+from dagrl_worker.rank.prompts import prompts_to_batch
+from dagrl_worker.rank.rollout import HFRollout, SamplingParams
+from dagrl_worker.rank.training.forward import compute_log_probs
+from dagrl_worker.rank.training.token_budget import MicroBatching
+from dagrl_worker.shared.metrics import MetricSink
 
 
 def _built_classes() -> set[str]:

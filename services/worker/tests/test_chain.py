@@ -12,12 +12,12 @@ from dagrl.config import load_job_config
 from dagrl.errors import BatchError
 from dagrl.models import build_char_tokenizer
 from dagrl.workflow import Node, NodeRole, NodeType
-from dagrl_worker.dataflow import join_by_uid
-from dagrl_worker.executors.base import AgentModels, StepContext
-from dagrl_worker.executors.multiturn import MultiTurnRolloutExecutor
-from dagrl_worker.executors.table import build_executor
-from dagrl_worker.metrics import MetricSink
-from dagrl_worker.prompts import prompts_to_batch
+from dagrl_worker.rank.dataflow import join_by_uid
+from dagrl_worker.rank.executors.base import AgentModels, StepContext
+from dagrl_worker.rank.executors.multiturn import MultiTurnRolloutExecutor
+from dagrl_worker.rank.executors.table import build_executor
+from dagrl_worker.rank.prompts import prompts_to_batch
+from dagrl_worker.shared.metrics import MetricSink
 
 TOKENIZER = build_char_tokenizer()
 SUFFIX = "<|im_start|>user\nCheck it.<|im_end|>\n<|im_start|>assistant\n"

@@ -7,8 +7,8 @@ from typing import Any
 from dagrl.algorithms import FixedKLController
 from dagrl.config import JobConfig, load_job_config
 from dagrl.workflow import load_workflow
-from dagrl_worker import checkpoint
-from dagrl_worker.plan_view import PlanView, RankGraph, colocated_plan
+from dagrl_worker.rank import checkpoint
+from dagrl_worker.shared.plan_view import PlanView, RankGraph, colocated_plan
 
 
 def save(root: Path, step: int, keep: int) -> Path:

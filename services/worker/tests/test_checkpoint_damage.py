@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from dagrl.errors import CheckpointDamagedError
-from dagrl_worker import checkpoint, checkpoint_files
+from dagrl_worker.rank import checkpoint, checkpoint_files
 
 
 def committed(root: Path, step: int = 1) -> Path:

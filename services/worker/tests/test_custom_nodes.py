@@ -6,12 +6,12 @@ import yaml
 
 from dagrl.data import make_dataset
 from dagrl.workflow import parse_workflow
-from dagrl_worker.dag_worker import DAGWorker
-from dagrl_worker.plan_view import colocated_plan
-from dagrl_worker.spec import WorkerSpec
+from dagrl_worker.rank.dag_worker import DAGWorker
+from dagrl_worker.shared.plan_view import colocated_plan
+from dagrl_worker.shared.spec import WorkerSpec
 
 CUSTOM = '''
-from dagrl_worker.metrics import Reduce
+from dagrl_worker.shared.metrics import Reduce
 
 
 def tag(batch, ctx):

@@ -13,11 +13,11 @@ from dagrl.errors import ConfigError, InvalidInputError
 from dagrl.models import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.workflow import load_workflow
-from dagrl_worker.dag_worker import DAGWorker
-from dagrl_worker.dataflow import lineage_link
-from dagrl_worker.executors.base import Executor, StepContext
-from dagrl_worker.plan_view import PlanView, colocated_plan
-from dagrl_worker.spec import WorkerSpec
+from dagrl_worker.rank.dag_worker import DAGWorker
+from dagrl_worker.rank.dataflow import lineage_link
+from dagrl_worker.rank.executors.base import Executor, StepContext
+from dagrl_worker.shared.plan_view import PlanView, colocated_plan
+from dagrl_worker.shared.spec import WorkerSpec
 
 # The estimator each built-in workflow is built for (`algorithm.adv_estimator`, its one home).
 ESTIMATORS = {"ppo": "gae", "rloo": "rloo", "reinforce_pp": "reinforce_plus_plus"}

@@ -19,18 +19,19 @@ from dagrl.config import ActorConfig, OptimConfig, RolloutCorrectionConfig, load
 from dagrl.errors import ConfigError
 from dagrl.models import load_model_and_tokenizer
 from dagrl.workflow import load_workflow
-from dagrl_worker.builder import build_agent_models, build_rollout
-from dagrl_worker.device import Precision, RankDevice, device_problems, rank_device, wants_gpu
-from dagrl_worker.metrics import MetricSink
-from dagrl_worker.plan_view import PlanView, colocated_plan
-from dagrl_worker.prompts import prompts_to_batch
-from dagrl_worker.rewards.scorers import load_reward_model
-from dagrl_worker.rollout import HFRollout, SamplingParams
-from dagrl_worker.training.engine import EngineOptions, TrainEngine
-from dagrl_worker.training.forward import response_log_probs
-from dagrl_worker.training.parallel import DataParallel
-from dagrl_worker.training.ppo import ActorUpdate, MiniBatchPlan, compute_log_probs, update_actor
-from dagrl_worker.training.token_budget import MicroBatching
+from dagrl_worker.rank.builder import build_agent_models, build_rollout
+from dagrl_worker.rank.device import Precision, RankDevice, device_problems, rank_device, wants_gpu
+from dagrl_worker.rank.prompts import prompts_to_batch
+from dagrl_worker.rank.rewards.scorers import load_reward_model
+from dagrl_worker.rank.rollout import HFRollout, SamplingParams
+from dagrl_worker.rank.training.engine import EngineOptions, TrainEngine
+from dagrl_worker.rank.training.forward import compute_log_probs
+from dagrl_worker.rank.training.model_outputs import response_log_probs
+from dagrl_worker.rank.training.parallel import DataParallel
+from dagrl_worker.rank.training.ppo import ActorUpdate, MiniBatchPlan, update_actor
+from dagrl_worker.rank.training.token_budget import MicroBatching
+from dagrl_worker.shared.metrics import MetricSink
+from dagrl_worker.shared.plan_view import PlanView, colocated_plan
 
 from .test_dag_worker import job_yaml
 from .test_reward_model_nodes import rm_checkpoint as rm_checkpoint  # the fixture
@@ -204,7 +205,7 @@ def test_a_reduce_dtype_where_nothing_reduces_in_it_is_refused() -> None:
 @pytest.mark.parametrize("native", [False, True])
 def test_bf16_on_a_cpu_that_emulates_it_is_warned_about(
         native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    import dagrl_worker.device as device_module
+    import dagrl_worker.rank.device as device_module
 
     monkeypatch.setattr(device_module, "cpu_has_native_bf16", lambda: native)
     mixed = load_job_config(overrides=[
@@ -242,7 +243,7 @@ CUDA = RankDevice(torch.device("cuda", 0))
 
 
 def _decided(device: RankDevice, overrides: dict | None = None):
-    from dagrl_worker.device import for_device
+    from dagrl_worker.rank.device import for_device
 
     return for_device(load_job_config(data=overrides or {}), device)
 
@@ -275,7 +276,7 @@ def test_a_value_the_user_set_wins_over_the_gpu_default() -> None:
 
 
 def test_tf32_is_switched_on_gpu_ranks_only() -> None:
-    from dagrl_worker.device import use_tf32
+    from dagrl_worker.rank.device import use_tf32
 
     was = torch.backends.cuda.matmul.allow_tf32
     try:

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from dagrl.batch import Batch
-from dagrl_worker.training import ppo
-from dagrl_worker.training.engine import _move_optimizer_state
-from dagrl_worker.training.token_budget import MicroBatching
+from dagrl_worker.rank.training import forward
+from dagrl_worker.rank.training.engine import _move_optimizer_state
+from dagrl_worker.rank.training.token_budget import MicroBatching
 
 
 def test_adam_step_counts_stay_on_the_host_when_its_moments_move() -> None:
@@ -39,7 +39,7 @@ def test_a_forward_only_pass_copies_its_outputs_to_the_host_once(
 
     monkeypatch.setattr(torch.Tensor, "cpu", counted)
     module = torch.nn.Linear(1, 1)
-    out = ppo.forward_in_micro_batches(
+    out = forward.forward_in_micro_batches(
         module, rows, MicroBatching(2),
         lambda m, b: b.tensors["input_ids"].float() * 2)  # 3 micro-batches
     assert torch.equal(out, ids.float() * 2)

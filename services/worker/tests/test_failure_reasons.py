@@ -8,7 +8,7 @@ import pydantic
 import pytest
 from ray.exceptions import RayError, RayTaskError
 
-from dagrl_worker.failure_reasons import failure_reason
+from dagrl_worker.driver.failure_reasons import failure_reason
 
 TOO_LONG = ("User-specified max_model_len (4096) is greater than the derived max_model_len "
             "(max_position_embeddings=256 or model_max_length=None in model's config.json).")

@@ -10,8 +10,8 @@ from transformers import AutoModelForCausalLM
 
 from dagrl.batch import Batch
 from dagrl.config import ModelConfig
-from dagrl_worker.training import lora
-from dagrl_worker.training.flops import FlopCounter, gpu_peak_flops, measured_cpu_matmul_flops
+from dagrl_worker.rank.training import lora
+from dagrl_worker.rank.training.flops import FlopCounter, gpu_peak_flops, measured_cpu_matmul_flops
 
 LENGTH = 24
 

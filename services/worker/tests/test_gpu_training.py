@@ -20,14 +20,14 @@ import torch.distributed as dist
 
 from dagrl.config import ActorConfig, OptimConfig, RolloutCorrectionConfig
 from dagrl.models import load_model_and_tokenizer
-from dagrl_worker.device import Precision, RankDevice
-from dagrl_worker.metrics import MetricSink
-from dagrl_worker.prompts import prompts_to_batch
-from dagrl_worker.rollout import HFRollout, SamplingParams
-from dagrl_worker.training.engine import EngineOptions, TrainEngine
-from dagrl_worker.training.parallel import DataParallel
-from dagrl_worker.training.ppo import ActorUpdate, MiniBatchPlan, update_actor
-from dagrl_worker.training.token_budget import MicroBatching
+from dagrl_worker.rank.device import Precision, RankDevice
+from dagrl_worker.rank.prompts import prompts_to_batch
+from dagrl_worker.rank.rollout import HFRollout, SamplingParams
+from dagrl_worker.rank.training.engine import EngineOptions, TrainEngine
+from dagrl_worker.rank.training.parallel import DataParallel
+from dagrl_worker.rank.training.ppo import ActorUpdate, MiniBatchPlan, update_actor
+from dagrl_worker.rank.training.token_budget import MicroBatching
+from dagrl_worker.shared.metrics import MetricSink
 
 from .test_dag_worker import make_worker
 from .test_rollout_and_ppo import prompt_rows

@@ -12,10 +12,10 @@ from dagrl.config import load_job_config
 from dagrl.errors import InvalidInputError
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.workflow import load_workflow
-from dagrl_worker.executors.base import StepContext
-from dagrl_worker.graph_runner import run_node
-from dagrl_worker.metrics import MetricSink
-from dagrl_worker.plan_view import PlanView, RankGraph
+from dagrl_worker.rank.executors.base import StepContext
+from dagrl_worker.rank.graph_runner import run_node
+from dagrl_worker.shared.metrics import MetricSink
+from dagrl_worker.shared.plan_view import PlanView, RankGraph
 
 
 def split_plan() -> PlanView:

@@ -13,9 +13,9 @@ import torch
 from dagrl.batch import Batch
 from dagrl.models import load_model_and_tokenizer
 from dagrl.tokenizing import encode_chat_prompt
-from dagrl_worker.prompts import prompts_to_batch
-from dagrl_worker.rollout import HFRollout, SamplingParams
-from dagrl_worker.training.forward import response_log_probs
+from dagrl_worker.rank.prompts import prompts_to_batch
+from dagrl_worker.rank.rollout import HFRollout, SamplingParams
+from dagrl_worker.rank.training.model_outputs import response_log_probs
 
 SEEDED = SamplingParams(n=1, max_new_tokens=8, temperature=1.0, seed=1234,
                         seed_each_sample=True)

@@ -24,17 +24,17 @@ from dagrl.errors import DatasetError
 from dagrl.models import build_char_tokenizer
 from dagrl.tokenizing import encode_chat_prompt
 from dagrl.workflow import load_workflow, parse_workflow
-from dagrl_worker.dag_worker import DAGWorker
-from dagrl_worker.executors.base import StepContext
-from dagrl_worker.executors.compute import (
+from dagrl_worker.rank.dag_worker import DAGWorker
+from dagrl_worker.rank.executors.base import StepContext
+from dagrl_worker.rank.executors.compute import (
     AdvantageExecutor,
     AdvantageSettings,
     DynamicSamplingExecutor,
 )
-from dagrl_worker.metrics import MetricSink
-from dagrl_worker.plan_view import colocated_plan
-from dagrl_worker.prompts import PromptSource
-from dagrl_worker.spec import WorkerSpec
+from dagrl_worker.rank.prompts import PromptSource
+from dagrl_worker.shared.metrics import MetricSink
+from dagrl_worker.shared.plan_view import colocated_plan
+from dagrl_worker.shared.spec import WorkerSpec
 
 from .test_dag_worker import job_yaml
 

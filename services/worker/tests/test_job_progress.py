@@ -8,7 +8,7 @@ from typing import cast
 import pytest
 
 from dagrl.jobs import JobState, JobStore
-from dagrl_worker.job_progress import JobCancelled, JobOutcome, JobProgress
+from dagrl_worker.driver.job_progress import JobCancelled, JobOutcome, JobProgress
 
 
 class FakeStore:

@@ -13,10 +13,10 @@ from transformers import AutoModelForCausalLM
 
 from dagrl.config import ModelConfig, OptimConfig, load_job_config
 from dagrl.errors import ConfigError
-from dagrl_worker.builder import policy_specs
-from dagrl_worker.training import lora
-from dagrl_worker.training.engine import TrainEngine
-from dagrl_worker.training.parallel import DataParallel
+from dagrl_worker.rank.builder import policy_specs
+from dagrl_worker.rank.training import lora
+from dagrl_worker.rank.training.engine import TrainEngine
+from dagrl_worker.rank.training.parallel import DataParallel
 
 LORA = ModelConfig(lora_rank=4, lora_alpha=8)
 

@@ -7,8 +7,8 @@ import pytest
 
 from dagrl.config import load_job_config
 from dagrl.errors import ConfigError
-from dagrl_worker.machine_buffers import machine_buffer_urls
-from dagrl_worker.placement import MachineNeed, PlacementError
+from dagrl_worker.driver.machine_buffers import machine_buffer_urls
+from dagrl_worker.driver.placement import MachineNeed, PlacementError
 
 NEEDS = [MachineNeed("m0", (0, 1)), MachineNeed("m1", (2, 3))]
 URLS = ["redis://:pw@m0:6379/0", "redis://:pw@m1:6379/0"]

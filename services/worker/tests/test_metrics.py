@@ -1,6 +1,6 @@
 """MetricSink: reducers, per-agent scopes, and the driver's merge over ranks."""
 
-from dagrl_worker.metrics import COMPUTE_SECONDS, MetricSink, Reduce, merge
+from dagrl_worker.shared.metrics import COMPUTE_SECONDS, MetricSink, Reduce, merge
 
 
 def test_agent_scopes_keep_agents_apart_and_job_totals_shared() -> None:

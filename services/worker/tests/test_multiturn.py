@@ -19,23 +19,23 @@ from dagrl.errors import ConfigError
 from dagrl.models import build_char_tokenizer
 from dagrl.tokenizing import encode_chat_prompt, load_tokenizer
 from dagrl.workflow import Node, NodeRole, NodeType, load_workflow
-from dagrl_worker.dag_worker import DAGWorker
-from dagrl_worker.executors.base import AgentModels, StepContext
-from dagrl_worker.executors.multiturn import MultiTurnRolloutExecutor
-from dagrl_worker.executors.table import build_executor
-from dagrl_worker.metrics import MetricSink, merge
-from dagrl_worker.plan_view import colocated_plan
-from dagrl_worker.prompts import prompts_to_batch
-from dagrl_worker.rollout import HFRollout, SamplingParams
-from dagrl_worker.rollout.multiturn import (
+from dagrl_worker.rank.dag_worker import DAGWorker
+from dagrl_worker.rank.executors.base import AgentModels, StepContext
+from dagrl_worker.rank.executors.multiturn import MultiTurnRolloutExecutor
+from dagrl_worker.rank.executors.table import build_executor
+from dagrl_worker.rank.prompts import prompts_to_batch
+from dagrl_worker.rank.rollout import HFRollout, SamplingParams
+from dagrl_worker.rank.rollout.multiturn import (
     TurnLimits,
     backend_generate_fn,
     episodes_to_batch,
     run_episodes,
 )
-from dagrl_worker.rollout.processing import ProcessingError, TurnProcessor
-from dagrl_worker.spec import WorkerSpec
-from dagrl_worker.training.forward import response_log_probs
+from dagrl_worker.rank.rollout.processing import ProcessingError, TurnProcessor
+from dagrl_worker.rank.training.model_outputs import response_log_probs
+from dagrl_worker.shared.metrics import MetricSink, merge
+from dagrl_worker.shared.plan_view import colocated_plan
+from dagrl_worker.shared.spec import WorkerSpec
 
 TOKENIZER = build_char_tokenizer()
 

@@ -23,20 +23,15 @@ from dagrl.config import (
     load_job_config,
 )
 from dagrl.models.tokenizer import build_char_tokenizer
-from dagrl_worker.failure_reasons import failure_reason
-from dagrl_worker.metrics import MetricSink
-from dagrl_worker.prompts import PromptSource
-from dagrl_worker.restart_policy import RestartPolicy
-from dagrl_worker.training.engine import TrainEngine
-from dagrl_worker.training.finite import NonFiniteLossError
-from dagrl_worker.training.parallel import DataParallel
-from dagrl_worker.training.ppo import (
-    ActorUpdate,
-    MiniBatchPlan,
-    update_actor,
-    update_critic,
-)
-from dagrl_worker.training.token_budget import MicroBatching
+from dagrl_worker.driver.failure_reasons import failure_reason
+from dagrl_worker.driver.restart_policy import RestartPolicy
+from dagrl_worker.rank.prompts import PromptSource
+from dagrl_worker.rank.training.engine import TrainEngine
+from dagrl_worker.rank.training.finite import NonFiniteLossError
+from dagrl_worker.rank.training.parallel import DataParallel
+from dagrl_worker.rank.training.ppo import ActorUpdate, MiniBatchPlan, update_actor, update_critic
+from dagrl_worker.rank.training.token_budget import MicroBatching
+from dagrl_worker.shared.metrics import MetricSink
 
 from .test_rollout_and_ppo import rollout_rows
 

@@ -9,8 +9,8 @@ import pytest
 
 from dagrl.config import FilterGroupsConfig, OptimConfig, build
 from dagrl.errors import ConfigError
-from dagrl_worker.executors.compute import FILTER_METRICS, AdvantageExecutor
-from dagrl_worker.training.optim import LR_SCHEDULES
+from dagrl_worker.rank.executors.compute import FILTER_METRICS, AdvantageExecutor
+from dagrl_worker.rank.training.optim import LR_SCHEDULES
 
 from .test_job_options import make_worker
 

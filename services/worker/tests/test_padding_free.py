@@ -1,4 +1,4 @@
-"""Padding-free forwards (`model.use_remove_padding`, `training.forward`): the packed layout
+"""Padding-free forwards (`model.use_remove_padding`, `training.model_outputs`): the packed layout
 each attention implementation needs, built on the host, and the same log-probs as the padded
 batch (issue #32 defect 5).
 
@@ -26,8 +26,12 @@ from transformers.modeling_flash_attention_utils import (
 from dagrl.batch import Batch
 from dagrl.batch import schema as fields
 from dagrl.errors import ConfigError
-from dagrl_worker.training import forward
-from dagrl_worker.training.forward import packs_in_one_row, plan_packing, response_log_probs
+from dagrl_worker.rank.training import model_outputs
+from dagrl_worker.rank.training.model_outputs import (
+    packs_in_one_row,
+    plan_packing,
+    response_log_probs,
+)
 
 from .test_token_budget import uneven_batch
 
@@ -134,7 +138,7 @@ def test_one_packed_row_gives_the_padded_log_probs(tiny_checkpoint: Path, implem
         padded, _ = response_log_probs(model, rows, 0.7)  # sdpa, padded: the reference
     model = _with_attention(model, implementation)
     if implementation != IMITATED_FLASH:
-        monkeypatch.setattr(forward, "packs_in_one_row", lambda _: True)
+        monkeypatch.setattr(model_outputs, "packs_in_one_row", lambda _: True)
     shapes = _packed_shapes(model)
     with torch.no_grad():
         packed, _ = response_log_probs(model, rows, 0.7, remove_padding=True)
@@ -150,7 +154,7 @@ def test_bins_under_flash_attention_would_let_rows_attend_to_each_other(
     with torch.no_grad():
         padded, _ = response_log_probs(model, rows, 0.7)
         model = _with_attention(model, IMITATED_FLASH)
-        monkeypatch.setattr(forward, "packs_in_one_row", lambda _: False)
+        monkeypatch.setattr(model_outputs, "packs_in_one_row", lambda _: False)
         wrong, _ = response_log_probs(model, rows, 0.7, remove_padding=True)
     assert _gap(rows, padded, wrong) > 1e-2
 
@@ -181,7 +185,7 @@ def test_the_packing_does_no_work_per_row(tiny_checkpoint: Path) -> None:
     for some in (rows.select(list(range(4))), rows):
         log = _OpLog(model)
         with torch.no_grad(), log:
-            forward.response_log_probs(model, some, 1.0, remove_padding=True)
+            model_outputs.response_log_probs(model, some, 1.0, remove_padding=True)
         log.hook.remove()
         counts.append(len(log.ops))
     assert counts[0] == counts[1], counts

@@ -7,7 +7,7 @@ import pytest
 
 from dagrl.workflow import load_workflow
 from dagrl_scheduler.planning import Cluster, ClusterNode, make_plan
-from dagrl_worker.placement import (
+from dagrl_worker.driver.placement import (
     LABEL_DEVICE_KIND,
     LABEL_DEVICE_MEMORY,
     LABEL_MACHINE,

@@ -8,7 +8,7 @@ import torch
 from dagrl.errors import InvalidInputError
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.workflow import load_workflow
-from dagrl_worker.plan_view import PlanView
+from dagrl_worker.shared.plan_view import PlanView
 
 from .test_dag_worker import make_worker
 

@@ -12,10 +12,10 @@ from dagrl.algorithms import FixedKLController
 from dagrl.batch import Batch
 from dagrl.batch import schema as fields
 from dagrl.config import load_job_config
-from dagrl_worker.async_training.policy_versions import PolicyVersions
-from dagrl_worker.async_training.sample_ledger import FILE_PREFIX, SampleLedger, read_trained
-from dagrl_worker.executors.base import StepContext
-from dagrl_worker.metrics import MetricSink
+from dagrl_worker.rank.async_training.policy_versions import PolicyVersions
+from dagrl_worker.rank.async_training.sample_ledger import FILE_PREFIX, SampleLedger, read_trained
+from dagrl_worker.rank.executors.base import StepContext
+from dagrl_worker.shared.metrics import MetricSink
 
 from .test_dag_worker import make_worker
 

@@ -16,7 +16,7 @@ from dagrl.config import load_job_config
 from dagrl.errors import DatasetError, RewardError
 from dagrl.models import build_char_tokenizer
 from dagrl.rewards import compute_score
-from dagrl_worker.prompts import PromptSource
+from dagrl_worker.rank.prompts import PromptSource
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dagrl.workflow import load_workflow
-from dagrl_worker.device import rank_device
-from dagrl_worker.executors.base import AgentModels
-from dagrl_worker.plan_view import PlanView, colocated_plan
-from dagrl_worker.rank_groups import RankGroups, offload_engines, peak_flops
+from dagrl_worker.rank.device import rank_device
+from dagrl_worker.rank.executors.base import AgentModels
+from dagrl_worker.rank.rank_groups import RankGroups, offload_engines, peak_flops
+from dagrl_worker.shared.plan_view import PlanView, colocated_plan
 
 
 def test_without_a_world_group_every_node_runs_alone() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ray.exceptions import RayActorError, RayTaskError, UnserializableException
 
-from dagrl_worker.restart_policy import RestartPolicy, is_worker_death
+from dagrl_worker.driver.restart_policy import RestartPolicy, is_worker_death
 
 
 def raised_on_a_rank(cause: BaseException) -> RayTaskError:

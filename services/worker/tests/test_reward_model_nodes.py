@@ -22,17 +22,17 @@ from dagrl.job_rules import job_problems
 from dagrl.models import build_char_tokenizer
 from dagrl.tokenizing import encode_chat_prompt
 from dagrl.workflow import parse_workflow
-from dagrl_worker.builder import build_agent_models
-from dagrl_worker.executors.base import StepContext
-from dagrl_worker.executors.table import build_executor
-from dagrl_worker.metrics import MetricSink
-from dagrl_worker.plan_view import PlanView
-from dagrl_worker.prompts import prompts_to_batch
-from dagrl_worker.rewards.judge import JudgeExecutor, JudgeOptions, VerdictParser
-from dagrl_worker.rewards.reward_model import RewardModelExecutor
-from dagrl_worker.rewards.scorers import Judge, load_reward_model
-from dagrl_worker.rollout import SamplingParams
-from dagrl_worker.training.parallel import DataParallel
+from dagrl_worker.rank.builder import build_agent_models
+from dagrl_worker.rank.executors.base import StepContext
+from dagrl_worker.rank.executors.judge import JudgeExecutor, JudgeOptions, VerdictParser
+from dagrl_worker.rank.executors.reward_model import RewardModelExecutor
+from dagrl_worker.rank.executors.table import build_executor
+from dagrl_worker.rank.prompts import prompts_to_batch
+from dagrl_worker.rank.rewards.scorers import Judge, load_reward_model
+from dagrl_worker.rank.rollout import SamplingParams
+from dagrl_worker.rank.training.parallel import DataParallel
+from dagrl_worker.shared.metrics import MetricSink
+from dagrl_worker.shared.plan_view import PlanView
 
 from .conftest import ScriptedBackend
 

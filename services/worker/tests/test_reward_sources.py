@@ -19,11 +19,11 @@ from dagrl.errors import RewardError
 from dagrl.models import build_char_tokenizer
 from dagrl.tokenizing import encode_chat_prompt
 from dagrl.workflow import Node, NodeRole, NodeType
-from dagrl_worker.executors.base import AgentModels, Executor, StepContext
-from dagrl_worker.executors.table import build_executor
-from dagrl_worker.metrics import MetricSink
-from dagrl_worker.prompts import prompts_to_batch
-from dagrl_worker.rollout import SamplingParams
+from dagrl_worker.rank.executors.base import AgentModels, Executor, StepContext
+from dagrl_worker.rank.executors.table import build_executor
+from dagrl_worker.rank.prompts import prompts_to_batch
+from dagrl_worker.rank.rollout import SamplingParams
+from dagrl_worker.shared.metrics import MetricSink
 
 from .conftest import ScriptedBackend
 

@@ -9,19 +9,15 @@ from dagrl.batch import Batch
 from dagrl.config import ActorConfig, OptimConfig, RolloutCorrectionConfig
 from dagrl.models import load_model_and_tokenizer
 from dagrl.tokenizing import encode_chat_prompt
-from dagrl_worker.metrics import MetricSink
-from dagrl_worker.prompts import dp_slice, prompts_to_batch
-from dagrl_worker.rollout import HFRollout, SamplingParams
-from dagrl_worker.rollout.base import response_mask_until_eos
-from dagrl_worker.training.engine import TrainEngine
-from dagrl_worker.training.parallel import DataParallel
-from dagrl_worker.training.ppo import (
-    ActorUpdate,
-    MiniBatchPlan,
-    compute_log_probs,
-    update_actor,
-)
-from dagrl_worker.training.token_budget import MicroBatching
+from dagrl_worker.rank.prompts import dp_slice, prompts_to_batch
+from dagrl_worker.rank.rollout import HFRollout, SamplingParams
+from dagrl_worker.rank.rollout.base import response_mask_until_eos
+from dagrl_worker.rank.training.engine import TrainEngine
+from dagrl_worker.rank.training.forward import compute_log_probs
+from dagrl_worker.rank.training.parallel import DataParallel
+from dagrl_worker.rank.training.ppo import ActorUpdate, MiniBatchPlan, update_actor
+from dagrl_worker.rank.training.token_budget import MicroBatching
+from dagrl_worker.shared.metrics import MetricSink
 
 
 def prompt_rows(tokenizer, texts: list[str]) -> dict:

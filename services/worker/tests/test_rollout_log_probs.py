@@ -14,15 +14,15 @@ from dagrl.errors import ConfigError
 from dagrl.models import load_model_and_tokenizer
 from dagrl.tokenizing import encode_chat_prompt
 from dagrl.workflow import load_workflow
-from dagrl_worker.dag_worker import DAGWorker
-from dagrl_worker.executors.base import StepContext
-from dagrl_worker.executors.rollout import RolloutSampling
-from dagrl_worker.metrics import MetricSink
-from dagrl_worker.plan_view import colocated_plan
-from dagrl_worker.prompts import prompts_to_batch
-from dagrl_worker.rollout import HFRollout, SamplingParams
-from dagrl_worker.spec import WorkerSpec
-from dagrl_worker.training.forward import response_log_probs
+from dagrl_worker.rank.dag_worker import DAGWorker
+from dagrl_worker.rank.executors.base import StepContext
+from dagrl_worker.rank.executors.rollout import RolloutSampling
+from dagrl_worker.rank.prompts import prompts_to_batch
+from dagrl_worker.rank.rollout import HFRollout, SamplingParams
+from dagrl_worker.rank.training.model_outputs import response_log_probs
+from dagrl_worker.shared.metrics import MetricSink
+from dagrl_worker.shared.plan_view import colocated_plan
+from dagrl_worker.shared.spec import WorkerSpec
 
 from .test_dag_worker import job_yaml
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dagrl_worker.async_training.sample_ledger import SampleLedger, read_trained
+from dagrl_worker.rank.async_training.sample_ledger import SampleLedger, read_trained
 
 
 def test_a_restart_and_a_later_job_replace_the_steps_they_train_again(tmp_path: Path) -> None:

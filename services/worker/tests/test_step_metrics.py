@@ -8,8 +8,8 @@ import pickle
 import pytest
 
 from dagrl.telemetry import names
-from dagrl_worker.metrics import COMPUTE_SECONDS, MetricSink, Reduce, Summary
-from dagrl_worker.step_metrics import derive_metrics, summaries_bytes
+from dagrl_worker.driver.step_metrics import derive_metrics, summaries_bytes
+from dagrl_worker.shared.metrics import COMPUTE_SECONDS, MetricSink, Reduce, Summary
 
 METRIC_NAMES = sorted(v for k, v in vars(names).items()
                       if k.startswith("KEY_") and isinstance(v, str))

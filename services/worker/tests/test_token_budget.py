@@ -12,14 +12,20 @@ import torch
 from dagrl.batch import Batch
 from dagrl.config import ActorConfig, JobConfig, OptimConfig, RolloutCorrectionConfig
 from dagrl.models import load_model_and_tokenizer
-from dagrl_worker.metrics import MetricSink
-from dagrl_worker.prompts import prompts_to_batch
-from dagrl_worker.rollout import HFRollout, SamplingParams
-from dagrl_worker.training.engine import TrainEngine
-from dagrl_worker.training.forward import response_log_probs
-from dagrl_worker.training.parallel import DataParallel
-from dagrl_worker.training.ppo import ActorUpdate, MiniBatchPlan, compute_log_probs, update_actor
-from dagrl_worker.training.token_budget import MicroBatching, pack_rows, row_tokens, trim_padding
+from dagrl_worker.rank.prompts import prompts_to_batch
+from dagrl_worker.rank.rollout import HFRollout, SamplingParams
+from dagrl_worker.rank.training.engine import TrainEngine
+from dagrl_worker.rank.training.forward import compute_log_probs
+from dagrl_worker.rank.training.model_outputs import response_log_probs
+from dagrl_worker.rank.training.parallel import DataParallel
+from dagrl_worker.rank.training.ppo import ActorUpdate, MiniBatchPlan, update_actor
+from dagrl_worker.rank.training.token_budget import (
+    MicroBatching,
+    pack_rows,
+    row_tokens,
+    trim_padding,
+)
+from dagrl_worker.shared.metrics import MetricSink
 
 from .test_rollout_and_ppo import prompt_rows
 from .test_rollout_log_probs import _worker
@@ -159,8 +165,8 @@ def test_critic_values_and_update_honour_its_own_options(tiny_checkpoint: Path) 
 
     from dagrl.algorithms import FixedKLController
     from dagrl.config import load_job_config
-    from dagrl_worker.executors.base import StepContext
-    from dagrl_worker.executors.models import (
+    from dagrl_worker.rank.executors.base import StepContext
+    from dagrl_worker.rank.executors.models import (
         CriticTrainExecutor,
         ValuesExecutor,
         critic_micro_batching,

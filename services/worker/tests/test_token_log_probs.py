@@ -1,5 +1,5 @@
 """Log-probs without the [tokens, vocab] logits (`training.token_log_probs`, through
-`training.forward.response_log_probs(log_prob_impl=...)`): the same log-probs, entropies and
+`training.model_outputs.response_log_probs(log_prob_impl=...)`): the same log-probs, entropies and
 gradients as the logits path, chunk by chunk, padded or padding-free, under autocast, DDP,
 FSDP2 and LoRA; Liger-Kernel's fused path behind the same interface."""
 
@@ -24,12 +24,12 @@ from dagrl.batch import schema as fields
 from dagrl.config import ModelConfig, OptimConfig
 from dagrl.errors import ConfigError
 from dagrl.models import TinyModelSpec, build_char_tokenizer, build_tiny_model
-from dagrl_worker.device import Precision
-from dagrl_worker.training import lora, token_log_probs
-from dagrl_worker.training.engine import EngineOptions, TrainEngine
-from dagrl_worker.training.forward import response_log_probs
-from dagrl_worker.training.parallel import DataParallel
-from dagrl_worker.training.token_log_probs import _ChunkedLogProbs
+from dagrl_worker.rank.device import Precision
+from dagrl_worker.rank.training import lora, token_log_probs
+from dagrl_worker.rank.training.engine import EngineOptions, TrainEngine
+from dagrl_worker.rank.training.model_outputs import response_log_probs
+from dagrl_worker.rank.training.parallel import DataParallel
+from dagrl_worker.rank.training.token_log_probs import _ChunkedLogProbs
 
 from .test_token_budget import uneven_batch
 

@@ -9,7 +9,7 @@ from dagrl import metrics_file, telemetry
 from dagrl.config import load_job_config
 from dagrl.step_phases import phases_in_order
 from dagrl.workflow import load_workflow
-from dagrl_worker.tracking import Tracker
+from dagrl_worker.driver.tracking import Tracker
 
 
 def test_jsonl_and_tensorboard_record_every_step(tmp_path: Path) -> None:

@@ -15,13 +15,13 @@ from dagrl.batch import schema as fields
 from dagrl.config import ActorConfig, OptimConfig, RolloutCorrectionConfig
 from dagrl.models import load_model_and_tokenizer
 from dagrl.tokenizing import encode_chat_prompt
-from dagrl_worker.metrics import MetricSink
-from dagrl_worker.prompts import prompts_to_batch
-from dagrl_worker.rollout import HFRollout, SamplingParams
-from dagrl_worker.training import forward, ppo
-from dagrl_worker.training.engine import TrainEngine
-from dagrl_worker.training.parallel import DataParallel
-from dagrl_worker.training.token_budget import MicroBatching
+from dagrl_worker.rank.prompts import prompts_to_batch
+from dagrl_worker.rank.rollout import HFRollout, SamplingParams
+from dagrl_worker.rank.training import forward, model_outputs, ppo
+from dagrl_worker.rank.training.engine import TrainEngine
+from dagrl_worker.rank.training.parallel import DataParallel
+from dagrl_worker.rank.training.token_budget import MicroBatching
+from dagrl_worker.shared.metrics import MetricSink
 
 # every way a tensor's value reaches Python (each waits for a GPU)
 _HOST_READS = ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__")
@@ -37,7 +37,7 @@ def _rows(checkpoint: Path) -> tuple[Any, Batch]:
                        for t in texts],
         "index": [0, 1, 2], "ground_truth": ["0"] * 3}, tokenizer.pad_token_id, "s0")
     rollout = HFRollout(model, tokenizer).generate(prompts, SamplingParams(n=2, max_new_tokens=5))
-    old = ppo.compute_log_probs(model, rollout, MicroBatching(2), temperature=1.0)
+    old = forward.compute_log_probs(model, rollout, MicroBatching(2), temperature=1.0)
     advantages = torch.tensor([1.0, -1.0, 1.0, -1.0, 0.5, -0.5]).unsqueeze(1) * rollout.tensors[
         fields.RESPONSE_MASK]
     return model, rollout.with_fields(tensors={
@@ -65,14 +65,14 @@ def test_entropy_keeps_its_graph_only_when_it_is_in_the_loss(
         keeps_graph: bool) -> None:
     model, rows = _rows(tiny_checkpoint)
     kept: list[bool] = []
-    entropy = forward.entropy_from_logits
+    entropy = model_outputs.entropy_from_logits
 
     def spy(logits: torch.Tensor) -> torch.Tensor:
         out = entropy(logits)
         kept.append(out.requires_grad)
         return out
 
-    monkeypatch.setattr(forward, "entropy_from_logits", spy)
+    monkeypatch.setattr(model_outputs, "entropy_from_logits", spy)
     sink = _update(model, rows, coeff)
     assert kept and set(kept) == {keeps_graph}
     assert sink.summary()["actor/entropy"][1] > 0  # the metric stays
@@ -86,7 +86,7 @@ def test_entropy_without_grad_leaves_the_gradients_bit_equal(tiny_checkpoint: Pa
 
     def gradients(entropy_grad: bool) -> list[torch.Tensor]:
         model.zero_grad()
-        log_prob, entropy = forward.response_log_probs(model, rows, 1.0, with_entropy=True,
+        log_prob, entropy = model_outputs.response_log_probs(model, rows, 1.0, with_entropy=True,
                                                        entropy_grad=entropy_grad)
         assert entropy is not None and entropy.requires_grad == entropy_grad
         loss, _ = compute_policy_loss(rows.tensors[fields.OLD_LOG_PROBS], log_prob,

@@ -11,12 +11,12 @@ import pytest
 from dagrl.config import TrainerConfig
 from dagrl.jobs import JobState
 from dagrl.telemetry import names
-from dagrl_worker.job_progress import JobCancelled, JobOutcome, JobProgress
-from dagrl_worker.metrics import Summary
-from dagrl_worker.step_metrics import StepRecorder
-from dagrl_worker.tracking import Tracker
-from dagrl_worker.training_loop import LoopParts, SynchronousLoop, train
-from dagrl_worker.worker_group import WorkerGroup
+from dagrl_worker.driver.job_progress import JobCancelled, JobOutcome, JobProgress
+from dagrl_worker.driver.step_metrics import StepRecorder
+from dagrl_worker.driver.tracking import Tracker
+from dagrl_worker.driver.training_loop import LoopParts, SynchronousLoop, train
+from dagrl_worker.driver.worker_group import WorkerGroup
+from dagrl_worker.shared.metrics import Summary
 
 
 class RecordingGroup:

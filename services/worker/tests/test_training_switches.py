@@ -12,10 +12,10 @@ import torch
 
 from dagrl.config import ModelConfig
 from dagrl.models import load_model_and_tokenizer
-from dagrl_worker.builder import for_training
-from dagrl_worker.device import RankDevice, for_device
-from dagrl_worker.training.engine import decoder_layers
-from dagrl_worker.training.forward import response_log_probs
+from dagrl_worker.rank.builder import for_training
+from dagrl_worker.rank.device import RankDevice, for_device
+from dagrl_worker.rank.training.engine import decoder_layers
+from dagrl_worker.rank.training.model_outputs import response_log_probs
 
 from .test_gpu_training import model_and_rows
 
@@ -62,8 +62,8 @@ def test_the_log_prob_setting_reaches_every_pass() -> None:
     """`model.log_prob_impl` is what the update, the old-log-prob and reference passes use
     (their equality with the logits path: test_token_log_probs.py)."""
     from dagrl.config import load_job_config
-    from dagrl_worker.executors.log_probs import LogProbPass
-    from dagrl_worker.executors.models import actor_update
+    from dagrl_worker.rank.executors.log_probs import LogProbPass
+    from dagrl_worker.rank.executors.models import actor_update
 
     config = load_job_config(overrides=["actor_rollout_ref.model.log_prob_impl=chunked"])
     assert actor_update(config).log_prob_impl == "chunked"

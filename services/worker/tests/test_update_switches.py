@@ -21,13 +21,13 @@ from dagrl.batch import schema as fields
 from dagrl.config import ActorConfig, OptimConfig, RolloutCorrectionConfig
 from dagrl.config.loading import load_job_config
 from dagrl.models import load_model_and_tokenizer
-from dagrl_worker.device import Precision, RankDevice, for_device
-from dagrl_worker.metrics import MetricSink
-from dagrl_worker.training import ppo
-from dagrl_worker.training.engine import EngineOptions, TrainEngine
-from dagrl_worker.training.forward import response_log_probs
-from dagrl_worker.training.parallel import DataParallel
-from dagrl_worker.training.token_budget import MicroBatching
+from dagrl_worker.rank.device import Precision, RankDevice, for_device
+from dagrl_worker.rank.training import ppo
+from dagrl_worker.rank.training.engine import EngineOptions, TrainEngine
+from dagrl_worker.rank.training.model_outputs import response_log_probs
+from dagrl_worker.rank.training.parallel import DataParallel
+from dagrl_worker.rank.training.token_budget import MicroBatching
+from dagrl_worker.shared.metrics import MetricSink
 
 from .test_token_budget import uneven_batch
 

@@ -22,8 +22,8 @@ import torch.distributed as dist
 
 from dagrl.config import RolloutConfig
 from dagrl.errors import FailedPreconditionError
-from dagrl_worker.actors import device_local_rank  # imports Ray (at collection: it probes)
-from dagrl_worker.rollout import vllm_engine
+from dagrl_worker.rank.actors import device_local_rank  # imports Ray (at collection: it probes)
+from dagrl_worker.rank.rollout import vllm_engine
 
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 

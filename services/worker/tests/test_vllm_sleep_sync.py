@@ -23,13 +23,13 @@ from dagrl.config import RolloutConfig, load_job_config
 from dagrl.errors import FailedPreconditionError
 from dagrl.models import build_char_tokenizer
 from dagrl.workflow import load_workflow
-from dagrl_worker.executors.base import StepContext
-from dagrl_worker.executors.rollout import RolloutExecutor, RolloutSampling
-from dagrl_worker.metrics import MetricSink
-from dagrl_worker.prompts import prompts_to_batch
-from dagrl_worker.rollout import SamplingParams
-from dagrl_worker.rollout.vllm_engine import VLLMRollout
-from dagrl_worker.weight_sync import synced_each_step
+from dagrl_worker.rank.executors.base import StepContext
+from dagrl_worker.rank.executors.rollout import RolloutExecutor, RolloutSampling
+from dagrl_worker.rank.prompts import prompts_to_batch
+from dagrl_worker.rank.rollout import SamplingParams
+from dagrl_worker.rank.rollout.vllm_engine import VLLMRollout
+from dagrl_worker.rank.weight_sync import synced_each_step
+from dagrl_worker.shared.metrics import MetricSink
 
 TOKENIZER = build_char_tokenizer()
 GREEDY = SamplingParams(n=1, max_new_tokens=3, do_sample=False)
@@ -195,7 +195,7 @@ class SleepRecorder:
         self.sleeps: list[bool] = []
 
     def generate(self, prompts: Any, params: SamplingParams) -> Any:
-        from dagrl_worker.rollout.base import rollout_batch
+        from dagrl_worker.rank.rollout.base import rollout_batch
 
         samples = prompts.repeat_interleave(params.n)
         responses = torch.zeros((len(samples), params.max_new_tokens), dtype=torch.long)

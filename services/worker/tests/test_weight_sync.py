@@ -9,9 +9,9 @@ from dagrl.config import load_job_config
 from dagrl.job_rules import model_path
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.workflow import NodeRole, TaskGraph, load_workflow
-from dagrl_worker import weight_sync
-from dagrl_worker.plan_view import PlanView
-from dagrl_worker.weight_layout import plan_buckets, specs_of
+from dagrl_worker.rank import weight_sync
+from dagrl_worker.rank.weight_layout import plan_buckets, specs_of
+from dagrl_worker.shared.plan_view import PlanView
 
 
 def model_state(fill: float, device: str = "cpu") -> dict[str, torch.Tensor]:

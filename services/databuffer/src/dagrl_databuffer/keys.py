@@ -19,7 +19,7 @@ Where a shard lives: a buffer can be several Redis instances, one per machine of
 machine order (its `node_rank`). Every key of producer rank r's shard (meta and chunks), and
 that instance's own copy of the edge's `producers`, `readers`, step index and usage entry,
 lives on the instance of the machine that ran rank r: its `home`. A consumer computes the
-home of each producer rank from the same plan (`dagrl_worker.plan_view.PlanView.machine_of`),
+home of each producer rank from the same plan (`dagrl_worker.shared.plan_view.PlanView.machine_of`),
 reads the metas and the blocks it needs from there, and records its read on every instance
 holding a shard of the edge, so each instance empties itself when its last consumer has read.
 With one instance every home is 0.

@@ -4,7 +4,7 @@ so `--help` and usage errors answer before Ray and torch are imported."""
 
 import sys
 
-from dagrl_worker.driver_args import main
+from dagrl_worker.driver.main import main
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:], prog="python -m dagrl_worker"))

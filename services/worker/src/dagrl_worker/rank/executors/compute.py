@@ -1,0 +1,199 @@
+"""Executors that compute on Batches without a model: advantage, dynamic sampling, custom
+`module:function` nodes, data loading and barriers. The reward node's is
+`dagrl_worker.rank.executors.reward`'s."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from dagrl import telemetry
+from dagrl.algorithm_names import FILTER_METRIC_NAMES, require_table_names
+from dagrl.algorithms import (
+    AdvantageInputs,
+    apply_kl_penalty,
+    compute_advantage,
+    explained_variance,
+    kl_penalty,
+)
+from dagrl.batch import Batch
+from dagrl.batch import schema as fields
+from dagrl.batch.layout import concat_aligned
+from dagrl.config import AlgorithmConfig, FilterGroupsConfig
+from dagrl_worker.rank.executors.base import StepContext, response_tokens, sequence_scores
+from dagrl_worker.shared.metrics import Reduce
+
+
+@dataclass(frozen=True)
+class AdvantageSettings:
+    """What the advantage node reads from `algorithm` besides its estimator."""
+
+    gamma: float
+    lam: float
+    norm_adv_by_std_in_grpo: bool
+    use_kl_in_reward: bool
+    kl_penalty: str  # the in-reward KL estimator
+
+    @classmethod
+    def of(cls, algorithm: AlgorithmConfig) -> AdvantageSettings:
+        return cls(algorithm.gamma, algorithm.lam, algorithm.norm_adv_by_std_in_grpo,
+                   algorithm.use_kl_in_reward, algorithm.kl_penalty)
+
+
+class AdvantageExecutor:
+    """Token-level rewards (scores, minus a KL penalty when configured) -> advantages.
+
+    `algorithm.norm_adv_by_std_in_grpo: false` makes "grpo" Dr.GRPO: score minus the group
+    mean, without dividing by the group's std (the "drgrpo" estimator does the same).
+    """
+
+    def __init__(self, estimator: str, settings: AdvantageSettings) -> None:
+        self.estimator = estimator
+        self.settings = settings
+
+    def run(self, batch: Batch, ctx: StepContext) -> Batch:
+        algorithm = self.settings
+        mask = batch.tensors[fields.RESPONSE_MASK].float()  # [B, R]
+        rewards = batch.tensors[fields.TOKEN_LEVEL_SCORES]  # [B, R]
+        if algorithm.use_kl_in_reward and fields.REF_LOG_PROBS in batch:
+            kl = kl_penalty(batch.tensors[fields.OLD_LOG_PROBS],
+                            batch.tensors[fields.REF_LOG_PROBS], algorithm.kl_penalty)
+            rewards, mean_kl = apply_kl_penalty(rewards, kl, mask, ctx.kl_controller.value)
+            ctx.sink.add(telemetry.KEY_REWARD_KL_PENALTY, float(mean_kl), Reduce.MEAN,
+                         weight=len(batch))
+            ctx.sink.add(telemetry.KEY_REWARD_KL_PENALTY_COEFF, ctx.kl_controller.value, Reduce.MAX)
+            ctx.kl_controller.update(float(mean_kl), len(batch))
+        inputs = AdvantageInputs(
+            token_level_rewards=rewards, response_mask=mask,
+            values=batch.tensors.get(fields.VALUES), group_ids=batch.group_ids,
+            gamma=algorithm.gamma, lam=algorithm.lam,
+            norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo)
+        advantages, returns = compute_advantage(self.estimator, inputs)
+        tokens = response_tokens(batch)
+        token_mean = lambda t: float((t * mask).sum() / max(tokens, 1.0))  # noqa: E731
+        ctx.sink.add(telemetry.KEY_REWARDS_MEAN, float(rewards.sum(dim=1).mean()), Reduce.MEAN,
+                     weight=len(batch))
+        ctx.sink.add(telemetry.KEY_ADVANTAGES_MEAN, token_mean(advantages), Reduce.MEAN,
+                     weight=tokens)
+        ctx.sink.add(telemetry.KEY_RETURNS_MEAN, token_mean(returns), Reduce.MEAN, weight=tokens)
+        fit = None if inputs.values is None else explained_variance(inputs.values, returns, mask)
+        if fit is not None:  # a token-weighted mean of each rank's figure
+            ctx.sink.add(telemetry.KEY_VF_EXPLAINED_VAR, fit, Reduce.MEAN, weight=tokens)
+        return batch.with_fields(tensors={fields.TOKEN_LEVEL_REWARDS: rewards,
+                                          fields.ADVANTAGES: advantages, fields.RETURNS: returns})
+
+
+class DynamicSamplingExecutor:
+    """DAPO dynamic sampling: keep only groups whose samples differ in
+    `algorithm.filter_groups.metric` (`filter_values`); draw more prompts (rerunning the
+    upstream nodes) until this rank holds its share of prompts, or the configured number of
+    generation rounds is spent."""
+
+    def __init__(self, node_id: str, target_groups: int,
+                 filter_groups: FilterGroupsConfig) -> None:
+        self.node_id = node_id
+        self.target_groups = target_groups
+        self.filter_groups = filter_groups  # algorithm.filter_groups
+
+    def run(self, batch: Batch, ctx: StepContext) -> Batch:
+        limit = self.filter_groups.max_num_gen_batches
+        metric = self.filter_groups.metric
+        kept, rounds, dropped = [_informative(batch, metric)], 1, 0
+        dropped += _group_count(batch) - _group_count(kept[0])
+        while sum(_group_count(b) for b in kept) < self.target_groups and (
+                limit == 0 or rounds < limit) and ctx.regenerate is not None:
+            more = ctx.regenerate(self.node_id, rounds)
+            informative = _informative(more, metric)
+            dropped += _group_count(more) - _group_count(informative)
+            kept.append(informative)
+            rounds += 1
+        result = _first_groups(concat_aligned(kept), self.target_groups)
+        ctx.sink.add(telemetry.KEY_DYNAMIC_SAMPLING_FILTERED_GROUPS, dropped, Reduce.SUM)
+        ctx.sink.add(telemetry.KEY_DYNAMIC_SAMPLING_KEPT_GROUPS, _group_count(result), Reduce.SUM)
+        ctx.sink.add(telemetry.KEY_DYNAMIC_SAMPLING_ROUNDS, rounds, Reduce.MAX)
+        return result
+
+
+def filter_values(batch: Batch, metric: str) -> torch.Tensor:
+    """The per-sample value dynamic sampling compares within a group. # [B]
+
+    "score" and "seq_reward": the sample's total score, the sum of its token_level_scores
+    (verl's seq_reward; dagrl's reward functions return one number, so "score" is that too).
+    "acc": whether the sample is right, total score > 0 (1.0 or 0.0): with partial-credit
+    rewards a group of only wrong-but-different answers carries no correctness signal and is
+    dropped. Rewards here carry no separate correctness column, so this is the definition.
+    """
+    return FILTER_METRICS[metric](batch)
+
+
+def _correct(batch: Batch) -> torch.Tensor:
+    return (sequence_scores(batch) > 0).float()
+
+
+# `algorithm.filter_groups.metric` -> the per-sample value (filter_values' docstring)
+FILTER_METRICS: dict[str, Callable[[Batch], torch.Tensor]] = {
+    "score": sequence_scores,
+    "seq_reward": sequence_scores,
+    "acc": _correct,
+}
+require_table_names(FILTER_METRICS, FILTER_METRIC_NAMES, "dynamic-sampling metric")
+
+
+def _informative(batch: Batch, metric: str) -> Batch:
+    """The groups of `batch` whose samples do not all have the same `metric` value."""
+    values = filter_values(batch, metric).tolist()
+    by_group: dict[str, set[float]] = {}
+    for group, value in zip(batch.group_ids, values, strict=True):
+        by_group.setdefault(group, set()).add(value)
+    keep = [i for i, g in enumerate(batch.group_ids) if len(by_group[g]) > 1]
+    return batch.select(keep)
+
+
+def _group_count(batch: Batch) -> int:
+    return len(set(batch.group_ids)) if len(batch) else 0
+
+
+def _first_groups(batch: Batch, count: int) -> Batch:
+    order: list[str] = []
+    for group in batch.group_ids:
+        if group not in order:
+            order.append(group)
+    wanted = set(order[:count])
+    return batch.select([i for i, g in enumerate(batch.group_ids) if g in wanted])
+
+
+class CustomExecutor:
+    """A user function `fn(batch, ctx) -> Batch` named by the node's `executable_ref`."""
+
+    def __init__(self, node_id: str, fn: Callable[[Batch, StepContext], Batch]) -> None:
+        self.node_id = node_id
+        self.fn = fn
+
+    def run(self, batch: Batch, ctx: StepContext) -> Batch:
+        result = self.fn(batch, ctx)
+        if not isinstance(result, Batch):
+            raise TypeError(f"node {self.node_id!r}: its function returned "
+                            f"{type(result).__name__}, expected a dagrl Batch")
+        return result
+
+
+class PassThroughExecutor:
+    """DATA_LOAD: the step's prompt batch enters the graph here unchanged."""
+
+    def run(self, batch: Batch, ctx: StepContext) -> Batch:
+        return batch
+
+
+class BarrierExecutor:
+    """BARRIER_SYNC: every rank of the node's group waits here for the others."""
+
+    def __init__(self, group: dist.ProcessGroup | None) -> None:
+        self.group = group
+
+    def run(self, batch: Batch, ctx: StepContext) -> Batch:
+        if dist.is_initialized():
+            dist.barrier(group=self.group)
+        return batch

@@ -1,0 +1,88 @@
+"""The single-turn ROLLOUT executor and the sampling settings every rollout executor uses.
+
+`RolloutSampling` is built once per node from the job config (`actor_rollout_ref.rollout`,
+its `val_kwargs`, `data.max_response_length`); per step an executor takes training's or
+validation's parameters, seeded for that step (`RolloutSampling.at`). The multi-turn, agent
+and chained rollouts (`multiturn.py`, `agent.py`, `chain.py`) sample with the same settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from dagrl import telemetry
+from dagrl.batch import Batch
+from dagrl.batch import schema as fields
+from dagrl.config import JobConfig
+from dagrl_worker.rank.executors.base import StepContext
+from dagrl_worker.rank.rollout import RolloutBackend, SamplingParams
+from dagrl_worker.rank.rollout.base import step_seed
+from dagrl_worker.shared.metrics import Reduce
+
+
+def train_sampling(config: JobConfig) -> SamplingParams:
+    rollout = config.actor_rollout_ref.rollout
+    return SamplingParams(n=rollout.n, max_new_tokens=config.data.max_response_length,
+                          do_sample=rollout.do_sample, temperature=rollout.temperature,
+                          top_p=rollout.top_p, top_k=rollout.top_k)
+
+
+def val_sampling(config: JobConfig) -> SamplingParams:
+    val = config.actor_rollout_ref.rollout.val_kwargs
+    return SamplingParams(n=val.n, max_new_tokens=config.data.max_response_length,
+                          do_sample=val.do_sample, temperature=val.temperature,
+                          top_p=val.top_p, top_k=val.top_k)
+
+
+@dataclass(frozen=True)
+class RolloutSampling:
+    """How a rollout node samples: training's and validation's parameters, and the seed every
+    step's seed derives from (`actor_rollout_ref.rollout.seed`)."""
+
+    train: SamplingParams
+    val: SamplingParams
+    seed: int
+
+    @classmethod
+    def of(cls, config: JobConfig) -> RolloutSampling:
+        return cls(train_sampling(config), val_sampling(config),
+                   config.actor_rollout_ref.rollout.seed)
+
+    @property
+    def max_response_length(self) -> int:
+        """`data.max_response_length`: the longest response, training's and validation's."""
+        return self.train.max_new_tokens
+
+    def at(self, ctx: StepContext) -> SamplingParams:
+        """The parameters of a rollout in this context: training's or validation's, seeded
+        for this step (engines that seed each sample derive its seed from this one)."""
+        params = self.val if ctx.validating else self.train
+        return dataclasses.replace(params, seed=step_seed(self.seed, ctx.step, ctx.validating))
+
+
+class RolloutExecutor:
+    def __init__(self, backend: RolloutBackend, sampling: RolloutSampling) -> None:
+        self.backend = backend
+        self.sampling = sampling
+
+    def run(self, batch: Batch, ctx: StepContext) -> Batch:
+        params = self.sampling.at(ctx)
+        with telemetry.phase_span(telemetry.SPAN_ROLLOUT_GENERATE) as span, ctx.sink.compute():
+            out = self.backend.generate(batch, params)
+            # frees the engine's memory while the rank trains (GPU); a training step's weight
+            # sync comes before its next generation, a validation pass's does not
+            self.backend.sleep(weights_follow=not ctx.validating)
+            lengths = out.tensors[fields.RESPONSE_MASK].sum(dim=1).float()  # [B]
+            span.set_batch_size(len(out))
+            span.add_tokens(int(lengths.sum()))
+        ctx.sink.add(telemetry.KEY_TOKENS_GENERATED, float(lengths.sum()), Reduce.SUM)
+        if len(out) == 0:  # an empty shard: no lengths to report
+            return out
+        ctx.sink.add(telemetry.KEY_RESPONSE_LENGTH_MEAN, float(lengths.mean()), Reduce.MEAN,
+                     weight=len(out))
+        ctx.sink.add(telemetry.KEY_RESPONSE_LENGTH_MAX, float(lengths.max()), Reduce.MAX)
+        clipped = (lengths >= params.max_new_tokens).float().mean()
+        ctx.sink.add(telemetry.KEY_RESPONSE_LENGTH_CLIP_RATIO, float(clipped), Reduce.MEAN,
+                     weight=len(out))
+        return out

@@ -1,0 +1,150 @@
+"""The graph walk on one rank: each of its nodes once, in topological order, data routed.
+
+Per step: prompts (this rank's dp slice) enter the entry nodes; each node on this rank runs on
+inputs from the local cache or the databuffer (`dataflow.EdgeRouter`) and hands its output on.
+Around a node the asynchronous policy does its part (`async_training.policy_versions`: the
+staleness bound before an update, the version on a rollout's samples, the ledger after an
+update). DAPO's dynamic sampling redraws prompts through `regenerate`, which reruns the node's
+upstream on this rank only (the plan keeps them together: `dagrl.job_rules`).
+
+Owns neither the models nor the executors (built in `DAGWorker.init_graph`) nor any step
+bookkeeping (weights, checkpoints): a walk is one pass over some nodes, serving training steps
+and evaluation passes alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from dagrl import telemetry
+from dagrl.algorithms import KLController
+from dagrl.batch import Batch
+from dagrl.config import JobConfig
+from dagrl.errors import InvalidInputError
+from dagrl.job_rules import PRODUCED_BY
+from dagrl.step_phases import step_phase
+from dagrl.workflow import NodeRole, NodeType
+from dagrl_worker.rank.async_training.policy_versions import PolicyVersions
+from dagrl_worker.rank.dataflow import EdgeRouter, join_by_uid
+from dagrl_worker.rank.device import RankDevice
+from dagrl_worker.rank.executors.base import AgentModels, Executor, StepContext
+from dagrl_worker.rank.prompts import PromptRows, PromptSource, dp_slice, prompts_to_batch
+from dagrl_worker.shared.metrics import MetricSink, Reduce
+from dagrl_worker.shared.plan_view import RankGraph
+
+
+class GraphRunner:
+    def __init__(self, rank_graph: RankGraph, config: JobConfig, executors: dict[str, Executor],
+                 models: dict[int, AgentModels], prompts: PromptSource,
+                 policy: PolicyVersions, device: RankDevice,
+                 kl_controller: KLController) -> None:
+        self.where, self.graph, self.rank = rank_graph, rank_graph.graph, rank_graph.rank
+        self.config = config
+        self.executors = executors  # node id -> executor; tests may swap one in place
+        self.models = models
+        self.prompts = prompts
+        self.policy = policy
+        self.device = device
+        self.kl_controller = kl_controller
+        # agents' metrics get an `agent{g}/` prefix only when there is more than one
+        self.is_multi_agent = len(self.graph.agent_groups()) > 1
+        # what each node does in the step (rollout, reward, ...), on its span
+        self.phases = {node.node_id: step_phase(node) for node in self.graph.nodes}
+
+    def step_context(self, step: int, sink: MetricSink, validating: bool = False) -> StepContext:
+        """The context of one step's (or evaluation pass's) nodes on this rank."""
+        regenerate = None if validating else (
+            lambda node_id, rnd: self.regenerate(step, node_id, rnd))
+        return StepContext(step, self.rank, self.config, sink, self.kl_controller,
+                           regenerate=regenerate, validating=validating,
+                           policy_version=self.policy.version)
+
+    def walk(self, ctx: StepContext, global_prompts: PromptRows, nodes: list[str],
+             router: EdgeRouter, tag: str = "") -> None:
+        """Run `nodes` (this rank's, in topological order) once: entry nodes take their dp
+        share of `global_prompts` (uids tagged `s<step><tag>`), the rest their parents'
+        outputs through `router`, keyed by `ctx.step`."""
+        step = ctx.step
+        for node_id in nodes:
+            if self.graph.parents(node_id):
+                batch = router.inputs(step, node_id)
+            else:
+                batch = self.entry_input(node_id, step, global_prompts, tag)
+            started = time.perf_counter()
+            node = self.graph[node_id]
+            with telemetry.node_span(node_id, deps=node.dependencies,
+                                     step_phase=self.phases[node_id]) as span:
+                span.set_batch_size(len(batch))
+                output = self.run_node(node_id, batch, self._node_context(ctx, node_id))
+            ctx.sink.add(telemetry.node_timing_key(node_id), time.perf_counter() - started,
+                         Reduce.MAX)
+            router.publish(step, node_id, output)
+
+    def run_node(self, node_id: str, batch: Batch, ctx: StepContext) -> Batch:
+        """`run_node`, with the policy version on a rollout's samples and, before a model
+        update, the staleness bound kept (and the trained samples written to the ledger)."""
+        node = self.graph[node_id]
+        updates = node.node_type == NodeType.MODEL_TRAIN and not node.only_forward_compute
+        if updates and not ctx.validating:
+            batch = self.policy.guard(batch, ctx)
+        output = run_node(self.executors[node_id], node_id, batch, ctx)
+        if node.node_role == NodeRole.ROLLOUT:
+            output = self.policy.tag(output, ctx)
+            self.device.release_cache()  # the engine slept: its blocks go to the trainers
+        if updates and node.node_role == NodeRole.ACTOR and not ctx.validating:
+            self.policy.record_trained(node_id, batch, ctx)
+        return output
+
+    def regenerate(self, step: int, node_id: str, round_index: int) -> Batch:
+        """Rerun this rank's ancestors of `node_id` on freshly drawn prompts (DAPO).
+
+        The extra samples stay on this rank: every edge of the rerun is local.
+        """
+        groups = self.where.target_groups(node_id, self.config.data.train_batch_size)
+        rows = self.prompts.extra_batch(groups, step, round_index, self.rank)
+        ancestors = set(self.graph.ancestors(node_id))
+        upstream = [n for n in self.where.order if n in ancestors]
+        ctx = StepContext(step, self.rank, self.config, MetricSink(), self.kl_controller,
+                          policy_version=self.policy.version)
+        tag = f".r{round_index}.k{self.rank}"
+        outputs: dict[str, Batch] = {}
+        for upstream_id in upstream:
+            parents = self.graph.parents(upstream_id)
+            batch = (join_by_uid([outputs[p] for p in parents]) if parents
+                     else self.entry_input(upstream_id, step, rows, tag, is_global=False))
+            outputs[upstream_id] = self.run_node(upstream_id, batch, ctx)
+        parents = self.graph.parents(node_id)
+        return join_by_uid([outputs[p] for p in parents])
+
+    def entry_input(self, node_id: str, step: int, rows: PromptRows, tag: str,
+                    is_global: bool = True) -> Batch:
+        """Prompts entering `node_id`: this rank's dp slice of `rows` when they are global."""
+        if is_global:
+            layout = self.where.plan.layout(node_id)
+            rows = dp_slice(rows, layout.dp_rank(self.rank), layout.dp_size)
+        tokenizer = self.models[self.graph[node_id].agent_group].tokenizer
+        return prompts_to_batch(rows, tokenizer.pad_token_id, f"s{step}{tag}")
+
+    def _node_context(self, ctx: StepContext, node_id: str) -> StepContext:
+        """`ctx` for one node: in a multi-agent workflow its metrics go under `agent{g}/`."""
+        if not self.is_multi_agent:
+            return ctx
+        agent = self.graph[node_id].agent_group
+        return dataclasses.replace(ctx, sink=ctx.sink.scoped(telemetry.agent_prefix(agent)))
+
+
+def run_node(executor: Executor, node_id: str, batch: Batch, ctx: StepContext) -> Batch:
+    """`executor.run`, with a missing built-in input field (`PRODUCED_BY`) named as a
+    workflow error: which node reads it, what its input carries, and which node would add it
+    upstream. Any other KeyError is the node's own and passes unchanged."""
+    try:
+        return executor.run(batch, ctx)
+    except KeyError as exc:
+        field = exc.args[0] if exc.args else None
+        if field not in PRODUCED_BY or field in batch:
+            raise  # not a built-in field the workflow failed to produce: the node's own error
+        raise InvalidInputError(
+            f"node {node_id!r} reads field {field!r}, which its input does not carry "
+            f"(fields: {', '.join(sorted(batch.field_names))}); add {PRODUCED_BY[field]} "
+            "upstream of it in the workflow") from exc
