@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import (
@@ -125,7 +125,8 @@ def for_training(module: Any, model: ModelConfig) -> Any:
     if model.gradient_checkpointing:
         module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         for index, layer in enumerate(layers):
-            layer.gradient_checkpointing = index % model.gradient_checkpointing_every == 0
+            cast(Any, layer).gradient_checkpointing = (
+                index % model.gradient_checkpointing_every == 0)
     if model.compile_layers:
         for layer in layers:
             layer.compile()
@@ -224,8 +225,8 @@ def _load_reference(policy_path: str, config: JobConfig, device: torch.device) -
     bfloat16 held in bf16 itself (frozen: no master weights to keep)."""
     policy = config.actor_rollout_ref.model
     precision = config.actor_rollout_ref.ref.fsdp_config.mixed_precision
-    if precision.param_dtype != "float32":
-        policy = dataclasses.replace(policy, dtype=precision.param_dtype)
+    if precision.param_dtype == "bfloat16":  # `auto` is decided by now (`device.for_device`)
+        policy = dataclasses.replace(policy, dtype="bfloat16")
     reference = _load_causal_lm(policy_path, policy, device)
     return reference.eval().requires_grad_(False)
 

@@ -31,6 +31,7 @@ import dataclasses
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -107,7 +108,7 @@ def rank_device(setting: DeviceSetting, has_gpu: bool | None = None) -> RankDevi
 
 def for_device(config: JobConfig, device: RankDevice) -> JobConfig:
     """`config` with every device-dependent default (`auto`, None) decided for `device`."""
-    compute = "bfloat16" if device.is_cuda else "float32"
+    compute: Literal["float32", "bfloat16"] = "bfloat16" if device.is_cuda else "float32"
 
     def decided(fsdp: FSDPConfig) -> FSDPConfig:
         if fsdp.mixed_precision.param_dtype != "auto":

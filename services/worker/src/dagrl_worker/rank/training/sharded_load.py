@@ -55,7 +55,7 @@ def load_from_first_rank(module: torch.nn.Module, state: dict[str, torch.Tensor]
     checkpoint, held by the group's first rank (None on the others)."""
     if (state is None) == (dp.rank == 0):
         raise ValueError("the group's first rank, and only it, passes the checkpoint's tensors")
-    source = dist.get_global_rank(dp.group, 0) if dp.is_distributed else 0
+    source = dist.get_global_rank(dp.group, 0) if dp.group is not None and dp.is_distributed else 0
     for name, target in _loaded_tensors(module):
         if state is not None:
             full = state[name].to(device=device, dtype=target.dtype)
