@@ -1,4 +1,5 @@
-"""Where a job's checkpoints must be, checked on the machine that loads them.
+"""Which checkpoint each model of a job starts from (`model_path`), and where they must be,
+checked on the machine that loads them.
 
 Every model loads offline (`local_files_only`): a `model.path` (or a node's
 `config.model_path`) is a local folder, or the id of a Hugging Face repo already in the local
@@ -17,13 +18,34 @@ from pathlib import Path
 from dagrl.checkpoint_layout import resume_problems
 from dagrl.config import JobConfig, node_config
 from dagrl.errors import ConfigError
-from dagrl.job_rules import model_path
 from dagrl.workflow import NodeRole, NodeType, TaskGraph
+from dagrl.workflow.model_use import MODEL_USE
 
 # what builds the demo's checkpoints, for the message
 _BUILDERS = {"reward_model": "`python -m dagrl.models.reward_model outputs/arith`",
              "smollm2": "`python -m dagrl.models.smollm2 outputs/smollm2`"}
 _DEMO_BUILDER = "`make demo`"
+
+
+def model_path(graph: TaskGraph, agent_group: int, role: NodeRole, config: JobConfig) -> str:
+    """The checkpoint of an agent's policy (`role` ACTOR) or critic (CRITIC): the
+    `config.model_path` of any node of the agent that loads that model (they must agree), else
+    the job's model paths ("" when none is set). Reads names only: the job check
+    (`dagrl.job_rules`) asks it too, where no path is read."""
+    loaders = MODEL_USE[role].loads_checkpoint
+    given = {node.node_id: path for node in graph.nodes
+             if node.agent_group == agent_group and node.node_role in loaders
+             and (path := node_config(node.node_id, node.config).model_path)}
+    if len(set(given.values())) > 1:
+        named = ", ".join(f"{n!r}: {p}" for n, p in sorted(given.items()))
+        raise ConfigError(f"agent {agent_group}'s {role.name.lower()} model has one checkpoint, "
+                          f"but its nodes give different config.model_path ({named}); make "
+                          "them agree or set it on one node")
+    if given:
+        return next(iter(given.values()))
+    if role == NodeRole.CRITIC and config.critic.model.path:
+        return config.critic.model.path
+    return config.actor_rollout_ref.model.path
 
 
 def check_checkpoints(config: JobConfig, graph: TaskGraph, source: str | None = None) -> None:

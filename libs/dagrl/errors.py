@@ -83,6 +83,16 @@ class BatchError(InvalidInputError):
     """A Batch operation got inconsistent input (mismatched rows, unknown column)."""
 
 
+class BatchFieldError(BatchError):
+    """A node's input carries a built-in field otherwise than `dagrl.batch.schema` declares it
+    (another dtype or number of dims, a column for a tensor): `dagrl.batch.views`."""
+
+
+class MissingFieldError(BatchFieldError):
+    """A node's input lacks a built-in field the node reads, or its output one its kind adds;
+    the message names the node, the field, what the batch carries and which node adds it."""
+
+
 class BatchDecodeError(BatchError):
     """Bytes could not be decoded as a Batch: truncated, corrupt or a foreign format."""
 

@@ -5,10 +5,9 @@ shape (`dagrl.workflow`); what needs both lives here, so the scheduler (PlanJob,
 `dagrl run` and the worker refuse the same jobs in the same words (`dagrl.rpc.jobspec` calls
 `check_job`). Checks read names and flags only: no path is read and no code is imported.
 
-Owns `executor_kind` (which built-in executor runs a node: the worker's
-`executors.table.build_executor` dispatches on it), the batch-field rule (a node reads only
-built-in fields some node upstream of it writes, `dagrl.batch.schema`) and `model_path` (which
-checkpoint an agent's policy or critic starts from).
+Owns the batch-field rule (a node reads only built-in fields some node upstream of it writes,
+`dagrl.batch.schema`, by the executor kind `dagrl.node_kinds.executor_kind` gives each node).
+Which checkpoint an agent's policy or critic starts from is `dagrl.checkpoint_paths.model_path`.
 """
 
 from __future__ import annotations
@@ -16,16 +15,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
-from dagrl.algorithm_names import ESTIMATOR_NEEDS
 from dagrl.batch import schema as fields
 from dagrl.batch.schema import ExecutorKind
+from dagrl.checkpoint_paths import model_path
 from dagrl.config import JobConfig, node_config
 from dagrl.errors import ConfigError
+from dagrl.node_kinds import executor_kind
 from dagrl.workflow import Node, NodeRole, NodeType, TaskGraph
-from dagrl.workflow.model_use import MODEL_USE
 
 # The nodes that add each built-in tensor after the prompts, in words (`dagrl.batch.schema`);
-# the worker names them when a node meets a batch without one.
+# the job check names them, and the worker when a custom node's function reads one its input
+# lacks (`executors.compute.CustomExecutor`).
 PRODUCED_BY = {name: fields.producer_nodes(name) for name, spec in fields.FIELDS.items()
                if not spec.is_column and ExecutorKind.DATA_LOAD not in spec.produced_by}
 
@@ -88,26 +88,6 @@ def _engine_length_problems(config: JobConfig) -> list[str]:
             "limit), or lower the data lengths"]
 
 
-def model_path(graph: TaskGraph, agent_group: int, role: NodeRole, config: JobConfig) -> str:
-    """The checkpoint of an agent's policy (`role` ACTOR) or critic (CRITIC): the
-    `config.model_path` of any node of the agent that loads that model (they must agree), else
-    the job's model paths ("" when none is set)."""
-    loaders = MODEL_USE[role].loads_checkpoint
-    given = {node.node_id: path for node in graph.nodes
-             if node.agent_group == agent_group and node.node_role in loaders
-             and (path := node_config(node.node_id, node.config).model_path)}
-    if len(set(given.values())) > 1:
-        named = ", ".join(f"{n!r}: {p}" for n, p in sorted(given.items()))
-        raise ConfigError(f"agent {agent_group}'s {role.name.lower()} model has one checkpoint, "
-                          f"but its nodes give different config.model_path ({named}); make "
-                          "them agree or set it on one node")
-    if given:
-        return next(iter(given.values()))
-    if role == NodeRole.CRITIC and config.critic.model.path:
-        return config.critic.model.path
-    return config.actor_rollout_ref.model.path
-
-
 def _node_config_problems(graph: TaskGraph) -> list[str]:
     """Each node's `config:` (unknown keys, bad values, a reward_fn of the wrong form)."""
     problems: list[str] = []
@@ -162,34 +142,6 @@ def _old_log_prob_problems(config: JobConfig, graph: TaskGraph) -> list[str]:
     return problems
 
 
-def executor_kind(node: Node) -> ExecutorKind | None:
-    """The built-in executor the worker runs `node` with (`executors.table.build_executor`
-    dispatches on it), or None for a node no executor runs."""
-    kind, role = node.node_type, node.node_role
-    if node.executable_ref and kind in (NodeType.CUSTOM, NodeType.COMPUTE) and (
-            role == NodeRole.DEFAULT or kind == NodeType.CUSTOM):
-        return ExecutorKind.CUSTOM
-    if kind == NodeType.MODEL_INFERENCE and role == NodeRole.ROLLOUT:
-        return ExecutorKind.ROLLOUT
-    if kind == NodeType.MODEL_INFERENCE and role == NodeRole.REWARD:
-        judge = node_config(node.node_id, node.config).judge_template is not None
-        return ExecutorKind.JUDGE if judge else ExecutorKind.REWARD_MODEL
-    if kind == NodeType.COMPUTE and role == NodeRole.REWARD:
-        return ExecutorKind.REWARD
-    by_role = {NodeRole.ADVANTAGE: ExecutorKind.ADVANTAGE,
-               NodeRole.DYNAMIC_SAMPLING: ExecutorKind.DYNAMIC_SAMPLING,
-               NodeRole.REFERENCE: ExecutorKind.REFERENCE}
-    if role in by_role:
-        return by_role[role]
-    if role == NodeRole.ACTOR:
-        return ExecutorKind.OLD_LOG_PROB if node.only_forward_compute else (
-            ExecutorKind.ACTOR_UPDATE)
-    if role == NodeRole.CRITIC:
-        return ExecutorKind.VALUES if node.only_forward_compute else ExecutorKind.CRITIC_UPDATE
-    return {NodeType.DATA_LOAD: ExecutorKind.DATA_LOAD,
-            NodeType.BARRIER_SYNC: ExecutorKind.BARRIER}.get(kind)
-
-
 def read_options(config: JobConfig) -> fields.ReadOptions:
     """The job options that decide what the built-in executors read."""
     return fields.ReadOptions(
@@ -219,7 +171,7 @@ def batch_field_problems(config: JobConfig, graph: TaskGraph) -> list[str]:
                 problems.append(
                     f"node {node.node_id!r} ({fields.KIND_NODES[kind]}) reads {field}, but no "
                     f"node upstream of it writes it: add {fields.producer_nodes(field)} before "
-                    f"it{_read_because(kind, field)}")
+                    f"it{fields.read_because(kind, field)}")
     return problems
 
 
@@ -238,20 +190,6 @@ def estimator_problems(config: JobConfig, graph: TaskGraph) -> list[str]:
                 f"algorithm.adv_estimator: set it to {stated} (what this workflow is built "
                 "for), or remove the node's config.adv_estimator to run it with another")
     return problems
-
-
-def _read_because(kind: ExecutorKind, field: str) -> str:
-    """The option that makes `kind` read `field`, as a hint to turn it off instead."""
-    if kind == ExecutorKind.ACTOR_UPDATE and field == fields.REF_LOG_PROBS:
-        return (", or set actor_rollout_ref.actor.use_kl_loss: false (the KL-to-reference "
-                "loss reads them)")
-    if kind == ExecutorKind.ACTOR_UPDATE and field == fields.ROLLOUT_LOG_PROBS:
-        return ", or set algorithm.rollout_correction.mode: off"
-    if kind == ExecutorKind.ADVANTAGE and field == fields.VALUES:
-        critic_free = [name for name, needs in ESTIMATOR_NEEDS.items() if not needs.values]
-        return (", or set algorithm.adv_estimator to one without a critic "
-                f"({', '.join(critic_free)})")
-    return ""
 
 
 def _is_actor_update(node: Node) -> bool:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 
 from dagrl.batch.schema import ExecutorKind
-from dagrl.job_rules import executor_kind
+from dagrl.node_kinds import executor_kind
 from dagrl.workflow import Node, TaskGraph
 
 

@@ -13,7 +13,8 @@ from dagrl.batch import schema as fields
 from dagrl.batch.schema import ExecutorKind
 from dagrl.config import JobConfig, build
 from dagrl.errors import ConfigError
-from dagrl.job_rules import PRODUCED_BY, batch_field_problems, check_job, executor_kind
+from dagrl.job_rules import PRODUCED_BY, batch_field_problems, check_job
+from dagrl.node_kinds import executor_kind
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.rpc.jobspec import load_config, load_graph
 from dagrl.workflow import TaskGraph, list_builtin_workflows, load_workflow, parse_workflow

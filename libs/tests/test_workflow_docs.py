@@ -12,7 +12,7 @@ from typing import NamedTuple
 import pytest
 
 from dagrl.batch import schema
-from dagrl.job_rules import executor_kind
+from dagrl.node_kinds import executor_kind
 from dagrl.workflow import Node, TaskGraph, list_builtin_workflows, load_workflow
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,11 +6,14 @@ node adds them and a one-line doc. It is their one home: code writes `fields.RES
 not `"response_mask"`, and declares no name of its own for a built-in field. (The dataset's
 parquet columns, verl's format, share some names: `dagrl.data.parquet` owns those.)
 
-`EXECUTOR_READS` / `EXECUTOR_WRITES` say, per built-in executor kind (the node kinds the
-worker's `executors.table.build_executor` maps), which fields it needs and adds; `reads` adds
-those that depend on the job's options. The job check (`dagrl.job_rules`) refuses a workflow
-whose node reads a built-in field no node upstream of it writes. Shapes use the dims `batch`
-(samples), `prompt` (P, left-padded), `response` (R, right-padded) and `sequence` (P + R).
+`EXECUTOR_READS` / `EXECUTOR_WRITES` say, per built-in executor kind (`dagrl.node_kinds`
+gives each node its kind), which fields it needs and adds; `reads` adds those that depend on
+the job's options. The job check (`dagrl.job_rules`) refuses a workflow whose node reads a
+built-in field no node upstream of it writes; at run time each executor reads its fields
+through a typed view (`dagrl.batch.views`, held to `reads` by a test) that checks them at its
+entry, and the worker checks each node's output against `EXECUTOR_WRITES`. Shapes use the dims
+`batch` (samples), `prompt` (P, left-padded), `response` (R, right-padded) and `sequence`
+(P + R).
 
 Torch-free on purpose: the scheduler runs the job check without torch (dtypes are torch's
 names as strings).
@@ -263,6 +266,21 @@ def reads(kind: ExecutorKind, options: ReadOptions) -> tuple[str, ...]:
         if options.rollout_correction:
             fields = (*fields, ROLLOUT_LOG_PROBS)
     return fields
+
+
+def read_because(kind: ExecutorKind, field: str) -> str:
+    """The option that makes `kind` read `field`, as a hint to turn it off instead ("" when no
+    option does): the end of a sentence that says which node to add."""
+    if kind == ExecutorKind.ACTOR_UPDATE and field == REF_LOG_PROBS:
+        return (", or set actor_rollout_ref.actor.use_kl_loss: false (the KL-to-reference "
+                "loss reads them)")
+    if kind == ExecutorKind.ACTOR_UPDATE and field == ROLLOUT_LOG_PROBS:
+        return ", or set algorithm.rollout_correction.mode: off"
+    if kind == ExecutorKind.ADVANTAGE and field == VALUES:
+        critic_free = [name for name, needs in ESTIMATOR_NEEDS.items() if not needs.values]
+        return (", or set algorithm.adv_estimator to one without a critic "
+                f"({', '.join(critic_free)})")
+    return ""
 
 
 def producers(field: str) -> tuple[ExecutorKind, ...]:

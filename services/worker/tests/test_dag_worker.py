@@ -9,7 +9,7 @@ import yaml
 
 from dagrl.batch import Batch
 from dagrl.data import make_dataset
-from dagrl.errors import ConfigError, InvalidInputError
+from dagrl.errors import ConfigError, InvalidInputError, MissingFieldError
 from dagrl.models import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.workflow import load_workflow
@@ -322,6 +322,29 @@ def test_a_policy_update_without_old_log_probs_is_refused_before_any_model_loads
     with pytest.raises(ConfigError, match=r"node 'actor_train'.*use_rollout_log_probs"):
         worker.init_graph()
     assert worker.models == {}
+
+
+class Dropping:
+    """Runs `inner` and leaves `field` out of what it returns."""
+
+    def __init__(self, inner: Executor, field: str) -> None:
+        self.inner = inner
+        self.field = field
+
+    def run(self, batch: Batch, ctx: StepContext) -> Batch:
+        return self.inner.run(batch, ctx).without_fields([self.field])
+
+
+def test_a_node_whose_output_lacks_a_field_its_kind_adds_is_named(tiny_checkpoint: Path,
+                                                                   tmp_path: Path) -> None:
+    """Checked where it happens (`dagrl.batch.schema.EXECUTOR_WRITES`), not where a node
+    downstream first reads it."""
+    worker = make_worker(tiny_checkpoint, tmp_path)
+    worker.init_graph()
+    worker.executors["reward"] = Dropping(worker.executors["reward"], "token_level_scores")
+    with pytest.raises(MissingFieldError, match=r"node 'reward' \(a COMPUTE REWARD node\) did "
+                       r"not add 'token_level_scores', which every such node adds"):
+        worker.run_step(1)
 
 
 def test_dynamic_sampling_with_its_upstream_on_other_ranks_is_refused(tiny_checkpoint: Path,

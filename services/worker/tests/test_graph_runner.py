@@ -1,7 +1,10 @@
 """The graph runner's pure parts: a rank's view of the workflow (its nodes, its share of a
-batch) and a missing built-in field named as a workflow error."""
+batch) and a missing built-in field a custom node's function reads named as a workflow
+error."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -9,11 +12,11 @@ import torch
 from dagrl.algorithms import FixedKLController
 from dagrl.batch import Batch
 from dagrl.config import load_job_config
-from dagrl.errors import InvalidInputError
+from dagrl.errors import MissingFieldError
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.workflow import load_workflow
 from dagrl_worker.rank.executors.base import StepContext
-from dagrl_worker.rank.graph_runner import run_node
+from dagrl_worker.rank.executors.compute import CustomExecutor
 from dagrl_worker.shared.metrics import MetricSink
 from dagrl_worker.shared.plan_view import PlanView, RankGraph
 
@@ -40,21 +43,23 @@ def test_a_rank_runs_its_nodes_in_order_and_gets_its_share_of_the_groups() -> No
             for r in (1, 2)] == [3, 2]
 
 
-class Reads:
-    def __init__(self, field: str) -> None:
-        self.field = field
-
-    def run(self, batch: Batch, ctx: StepContext) -> Batch:
-        batch.tensors[self.field]  # the read is the point
+def reads(field: str) -> Callable[[Batch, StepContext], Batch]:
+    """A custom node's function that reads `field` as user code does: a bare key."""
+    def read(batch: Batch, ctx: StepContext) -> Batch:
+        batch.tensors[field]  # the read is the point
         return batch
+    return read
 
 
-def test_a_missing_built_in_field_names_the_node_that_would_add_it() -> None:
+def test_a_custom_node_missing_a_built_in_field_is_told_which_node_would_add_it() -> None:
+    """The built-in executors check their views at entry; a user's function reads what it
+    likes, so its KeyError for a built-in field is named as a workflow error."""
     config = load_job_config(data={"actor_rollout_ref": {"model": {"path": "/m"}}})
     ctx = StepContext(1, 0, config, MetricSink(), FixedKLController(0.0))
     batch = Batch(tensors={"responses": torch.zeros(2, 3, dtype=torch.long)})
-    with pytest.raises(InvalidInputError, match=r"node 'train' reads field 'advantages'.*"
-                       r"\(fields: responses\); add an ADVANTAGE node upstream"):
-        run_node(Reads("advantages"), "train", batch, ctx)
+    with pytest.raises(MissingFieldError, match=r"node 'mine' reads field 'advantages', which "
+                       r"its input does not carry \(fields: responses\); add an ADVANTAGE node "
+                       r"upstream"):
+        CustomExecutor("mine", reads("advantages")).run(batch, ctx)
     with pytest.raises(KeyError, match="my_field"):  # a custom field: the node's own error
-        run_node(Reads("my_field"), "train", batch, ctx)
+        CustomExecutor("mine", reads("my_field")).run(batch, ctx)

@@ -21,6 +21,7 @@ from dagrl.batch import Batch
 from dagrl.config import load_job_config
 from dagrl.data import make_dataset
 from dagrl.errors import DatasetError
+from dagrl.job_rules import read_options
 from dagrl.models import build_char_tokenizer
 from dagrl.tokenizing import encode_chat_prompt
 from dagrl.workflow import load_workflow, parse_workflow
@@ -164,7 +165,9 @@ def test_grpo_without_std_normalisation_is_dr_grpo() -> None:
     groups, scores = ["a", "a", "a", "b", "b", "b"], [1.0, 0.0, 0.0, 0.5, 0.5, 2.0]
     batch = scored(groups, scores)
     def advantages(ctx: StepContext) -> torch.Tensor:
-        executor = AdvantageExecutor("grpo", AdvantageSettings.of(ctx.config.algorithm))
+        executor = AdvantageExecutor("advantage", "grpo",
+                                     AdvantageSettings.of(ctx.config.algorithm),
+                                     read_options(ctx.config))
         return executor.run(batch, ctx).tensors["advantages"]
 
     normalised = advantages(context())

@@ -89,14 +89,14 @@ def test_reward_model_scores_every_sample_deterministically_without_grad(
     assert model.module.config.pad_token_id == tokenizer.pad_token_id
     batch = rollout(ANSWERS)
     sink = MetricSink()
-    out = RewardModelExecutor(model, tokenizer, micro_batch_size=3).run(batch, context(sink))
+    out = RewardModelExecutor("rm", model, tokenizer, micro_batch_size=3).run(batch, context(sink))
     scores = out.tensors[fields.RM_SCORES]
     assert scores.shape == (len(batch),) and scores.dtype == torch.float32
     assert not scores.requires_grad
     assert all(p.grad is None and not p.requires_grad for p in model.module.parameters())
     assert "token_level_scores" not in out  # the COMPUTE REWARD node combines sources
     # same scores again, and the same in one micro-batch (padding and order do not matter)
-    again = RewardModelExecutor(model, tokenizer, micro_batch_size=64).run(batch, context())
+    again = RewardModelExecutor("rm", model, tokenizer, micro_batch_size=64).run(batch, context())
     assert torch.allclose(scores, again.tensors[fields.RM_SCORES], atol=1e-5)
     # the two samples of each prompt give the same answer: the same score
     assert torch.allclose(scores[0::2], scores[1::2], atol=1e-5)
@@ -110,7 +110,7 @@ def test_reward_model_scores_the_prompt_and_response_tokens_it_would_score_alone
     tokenizer = build_char_tokenizer()
     model = load_reward_model(str(rm_checkpoint), "float32", False, tokenizer)
     batch = rollout(ANSWERS, n=1)
-    out = RewardModelExecutor(model, tokenizer, 8).run(batch, context())
+    out = RewardModelExecutor("rm", model, tokenizer, 8).run(batch, context())
     scores = out.tensors[fields.RM_SCORES]
     for row, (question, answer) in enumerate(ANSWERS.items()):
         ids = [*encode_chat_prompt(tokenizer, [{"role": "user", "content": question}]),
@@ -125,7 +125,7 @@ def test_data_parallel_shards_score_as_the_whole_batch(rm_checkpoint: Path) -> N
     """Each dp rank scores the shard the databuffer's partition gives it."""
     tokenizer = build_char_tokenizer()
     model = load_reward_model(str(rm_checkpoint), "float32", False, tokenizer)
-    executor = RewardModelExecutor(model, tokenizer, 4)
+    executor = RewardModelExecutor("rm", model, tokenizer, 4)
     batch = rollout(ANSWERS)
     whole = dict(zip(batch.uids, executor.run(batch, context()).tensors[fields.RM_SCORES].tolist(),
                      strict=True))
@@ -225,8 +225,8 @@ def judge_executor(reply: Callable[[str], str], default: float = -1.0) -> JudgeE
     options = JudgeOptions(template="Q: {prompt} A: {response} T: {ground_truth}",
                            default_score=default, max_new_tokens=12, temperature=0.0,
                            micro_batch_size=3, seed=0)
-    return JudgeExecutor(Judge(backend, backend.tokenizer), build_char_tokenizer(), options,
-                         VerdictParser(r"Score: (\d+)"))
+    return JudgeExecutor("judge", Judge(backend, backend.tokenizer), build_char_tokenizer(),
+                         options, VerdictParser(r"Score: (\d+)"))
 
 
 def test_judge_scores_verdicts_and_counts_the_unparseable() -> None:

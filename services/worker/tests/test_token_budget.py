@@ -188,11 +188,11 @@ def test_critic_values_and_update_honour_its_own_options(tiny_checkpoint: Path) 
         engine = TrainEngine(critic, config.critic.optim, total_steps=2, dp=DataParallel())
         sink = MetricSink()
         ctx = StepContext(1, 0, config, sink, FixedKLController(0.0))
-        values = ValuesExecutor(engine, critic_micro_batching(config.critic),
+        values = ValuesExecutor("values", engine, critic_micro_batching(config.critic),
                                 config.critic.model.use_remove_padding)
         valued = values.run(rows, ctx)
         returns = torch.ones_like(valued.tensors["values"]) * rows.tensors["response_mask"]
-        update = CriticTrainExecutor(engine, config.critic, critic_plan(config))
+        update = CriticTrainExecutor("critic_train", engine, config.critic, critic_plan(config))
         update.run(valued.with_fields(tensors={"returns": returns}), ctx)
         results[fast] = (valued.tensors["values"], sink.summary())
     mask = rows.tensors["response_mask"].bool()

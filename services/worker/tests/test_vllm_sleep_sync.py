@@ -217,7 +217,7 @@ def test_the_rollout_executor_says_when_the_steps_sync_follows() -> None:
     a validation pass's: the next training step generates without one."""
     config = load_job_config(data={"data": {"max_response_length": 4}})
     backend = SleepRecorder()
-    executor = RolloutExecutor(backend, RolloutSampling.of(config))
+    executor = RolloutExecutor("rollout", backend, RolloutSampling.of(config))
     for validating in (False, True):
         ctx = StepContext(step=1, rank=0, config=config, sink=MetricSink(),
                           kl_controller=FixedKLController(0.0), validating=validating)

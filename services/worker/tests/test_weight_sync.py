@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from dagrl.checkpoint_paths import model_path
 from dagrl.config import load_job_config
-from dagrl.job_rules import model_path
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.workflow import NodeRole, TaskGraph, load_workflow
 from dagrl_worker.rank import weight_sync

@@ -24,10 +24,11 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from dagrl.checkpoint_paths import model_path
 from dagrl.config import FSDPConfig, JobConfig, ModelConfig, OptimConfig, node_config
 from dagrl.engines import require_engine
 from dagrl.errors import ConfigError
-from dagrl.job_rules import model_path, reward_model_path_problem
+from dagrl.job_rules import reward_model_path_problem
 from dagrl.tokenizing import load_tokenizer
 from dagrl.workflow import Node, NodeRole, NodeType, TaskGraph
 from dagrl_worker.rank.device import CPU, Precision, RankDevice, for_device

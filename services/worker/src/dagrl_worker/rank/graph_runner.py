@@ -7,6 +7,10 @@ staleness bound before an update, the version on a rollout's samples, the ledger
 update). DAPO's dynamic sampling redraws prompts through `regenerate`, which reruns the node's
 upstream on this rank only (the plan keeps them together: `dagrl.job_rules`).
 
+After a node ran, its output is checked once for the fields its executor kind adds
+(`dagrl.batch.schema.EXECUTOR_WRITES`); what a node reads each executor checks at its own entry
+(`dagrl.batch.views`).
+
 Owns neither the models nor the executors (built in `DAGWorker.init_graph`) nor any step
 bookkeeping (weights, checkpoints): a walk is one pass over some nodes, serving training steps
 and evaluation passes alike.
@@ -20,15 +24,18 @@ import time
 from dagrl import telemetry
 from dagrl.algorithms import KLController
 from dagrl.batch import Batch
+from dagrl.batch import schema as fields
+from dagrl.batch.schema import ExecutorKind
+from dagrl.batch.views import check_writes
 from dagrl.config import JobConfig
-from dagrl.errors import InvalidInputError
-from dagrl.job_rules import PRODUCED_BY
+from dagrl.node_kinds import executor_kind
 from dagrl.step_phases import step_phase
-from dagrl.workflow import NodeRole, NodeType
+from dagrl.workflow import NodeRole, NodeType, TaskGraph
 from dagrl_worker.rank.async_training.policy_versions import PolicyVersions
 from dagrl_worker.rank.dataflow import EdgeRouter, join_by_uid
 from dagrl_worker.rank.device import RankDevice
 from dagrl_worker.rank.executors.base import AgentModels, Executor, StepContext
+from dagrl_worker.rank.executors.log_probs import old_log_probs_in_update
 from dagrl_worker.rank.prompts import PromptRows, PromptSource, dp_slice, prompts_to_batch
 from dagrl_worker.shared.metrics import MetricSink, Reduce
 from dagrl_worker.shared.plan_view import RankGraph
@@ -51,6 +58,9 @@ class GraphRunner:
         self.is_multi_agent = len(self.graph.agent_groups()) > 1
         # what each node does in the step (rollout, reward, ...), on its span
         self.phases = {node.node_id: step_phase(node) for node in self.graph.nodes}
+        # the kind of each node a built-in executor runs, and the fields its output must carry
+        self.writes = {node.node_id: promised_writes(self.graph, node.node_id, config)
+                       for node in self.graph.nodes}
 
     def step_context(self, step: int, sink: MetricSink, validating: bool = False) -> StepContext:
         """The context of one step's (or evaluation pass's) nodes on this rank."""
@@ -82,18 +92,22 @@ class GraphRunner:
             router.publish(step, node_id, output)
 
     def run_node(self, node_id: str, batch: Batch, ctx: StepContext) -> Batch:
-        """`run_node`, with the policy version on a rollout's samples and, before a model
-        update, the staleness bound kept (and the trained samples written to the ledger)."""
+        """The node's executor, with the policy version on a rollout's samples and, before a
+        model update, the staleness bound kept (and the trained samples written to the
+        ledger); then its output checked for the fields its kind adds."""
         node = self.graph[node_id]
         updates = node.node_type == NodeType.MODEL_TRAIN and not node.only_forward_compute
         if updates and not ctx.validating:
             batch = self.policy.guard(batch, ctx)
-        output = run_node(self.executors[node_id], node_id, batch, ctx)
+        output = self.executors[node_id].run(batch, ctx)
         if node.node_role == NodeRole.ROLLOUT:
-            output = self.policy.tag(output, ctx)
+            output = self.policy.tag(output, ctx)  # rollout_version, one of a rollout's writes
             self.device.release_cache()  # the engine slept: its blocks go to the trainers
         if updates and node.node_role == NodeRole.ACTOR and not ctx.validating:
             self.policy.record_trained(node_id, batch, ctx)
+        promised = self.writes[node_id]
+        if promised is not None:
+            check_writes(output, node_id, *promised)
         return output
 
     def regenerate(self, step: int, node_id: str, round_index: int) -> Batch:
@@ -134,17 +148,17 @@ class GraphRunner:
         return dataclasses.replace(ctx, sink=ctx.sink.scoped(telemetry.agent_prefix(agent)))
 
 
-def run_node(executor: Executor, node_id: str, batch: Batch, ctx: StepContext) -> Batch:
-    """`executor.run`, with a missing built-in input field (`PRODUCED_BY`) named as a
-    workflow error: which node reads it, what its input carries, and which node would add it
-    upstream. Any other KeyError is the node's own and passes unchanged."""
-    try:
-        return executor.run(batch, ctx)
-    except KeyError as exc:
-        field = exc.args[0] if exc.args else None
-        if field not in PRODUCED_BY or field in batch:
-            raise  # not a built-in field the workflow failed to produce: the node's own error
-        raise InvalidInputError(
-            f"node {node_id!r} reads field {field!r}, which its input does not carry "
-            f"(fields: {', '.join(sorted(batch.field_names))}); add {PRODUCED_BY[field]} "
-            "upstream of it in the workflow") from exc
+def promised_writes(graph: TaskGraph, node_id: str,
+                    config: JobConfig) -> tuple[ExecutorKind, tuple[str, ...]] | None:
+    """The kind of the built-in executor that runs `node_id` and the fields its output must
+    carry (`schema.EXECUTOR_WRITES`); None for a node without one. A forward-only ACTOR node
+    that leaves its pass to the update (`log_probs.old_log_probs_in_update`) adds no
+    old_log_probs: the update's own forward gives them."""
+    node = graph[node_id]
+    kind = executor_kind(node)
+    if kind is None:
+        return None
+    writes = fields.EXECUTOR_WRITES[kind]
+    if kind == ExecutorKind.OLD_LOG_PROB and old_log_probs_in_update(graph, node_id, config):
+        writes = tuple(f for f in writes if f != fields.OLD_LOG_PROBS)
+    return kind, writes

@@ -1,7 +1,8 @@
 """What every node executor sees: the step context and the rank's models.
 
 An executor is a plain object with `run(batch, ctx) -> Batch`: it reads the fields it needs
-from its input Batch and returns the Batch with the fields it adds. It is built once
+from its input Batch through its kind's typed view (`dagrl.batch.views`, checked at its entry)
+and returns the Batch with the fields it adds (the graph runner checks those). It is built once
 (`table.build_executor`) with the settings it uses, so its constructor shows what it depends
 on; `StepContext` carries what changes per step (the step, the metric sink, whether this is a
 validation pass, ...) and the job config for CUSTOM nodes' functions only. Executors never
@@ -21,7 +22,6 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from dagrl.algorithms import KLController
 from dagrl.batch import Batch
-from dagrl.batch import schema as fields
 from dagrl.config import JobConfig
 from dagrl.errors import InvalidInputError
 from dagrl_worker.rank.rewards.scorers import Judge, RewardModel
@@ -81,13 +81,3 @@ class UnsupportedNodeError(InvalidInputError):
 class Executor(Protocol):
     def run(self, batch: Batch, ctx: StepContext) -> Batch: ...
 
-
-def response_tokens(batch: Batch) -> float:
-    if fields.RESPONSE_MASK not in batch:
-        return 0.0
-    return float(batch.tensors[fields.RESPONSE_MASK].sum())
-
-
-def sequence_scores(batch: Batch) -> torch.Tensor:
-    """Each sample's total token-level score. # [B]"""
-    return batch.tensors[fields.TOKEN_LEVEL_SCORES].sum(dim=1)

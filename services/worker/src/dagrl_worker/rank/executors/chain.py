@@ -25,8 +25,8 @@ from transformers import PreTrainedTokenizerBase
 
 from dagrl.batch import GROUP_ID, UID, Batch
 from dagrl.batch import schema as fields
+from dagrl.batch.views import SampleInputs
 from dagrl.envs.options import CHAIN_PREFIX
-from dagrl.errors import InvalidInputError
 from dagrl_worker.rank.dataflow import chained_group_id
 from dagrl_worker.rank.executors.base import Executor, StepContext
 from dagrl_worker.rank.rollout.processing import encode
@@ -46,18 +46,14 @@ class ChainRolloutExecutor:
 
     def chained_prompts(self, parents: Batch) -> Batch:
         """One left-padded prompt (`prompt_ids`/`prompt_mask` [B, P']) per parent sample."""
-        if fields.RESPONSES not in parents:
-            raise InvalidInputError(
-                f"node {self.node_id!r} has a chain_template but its input has no "
-                f"'responses' (fields: {sorted(parents.field_names)}); make it depend on the "
-                "previous agent's ROLLOUT node, or remove chain_template")
-        width = parents.tensors[fields.PROMPTS].shape[1]
-        attention = parents.tensors[fields.ATTENTION_MASK]  # [B, P+R]
+        samples = SampleInputs.of(parents, self.node_id)  # the previous agent's samples
+        width = samples.prompts.shape[1]
+        attention = samples.attention_mask  # [B, P+R]
         contexts = [
             prompt[p_mask.bool()].tolist() + response[r_mask.bool()].tolist() + self.suffix
             for prompt, p_mask, response, r_mask in zip(
-                parents.tensors[fields.PROMPTS], attention[:, :width],
-                parents.tensors[fields.RESPONSES], attention[:, width:], strict=True)]
+                samples.prompts, attention[:, :width],
+                samples.responses, attention[:, width:], strict=True)]
         longest = max((len(c) for c in contexts), default=1)
         ids = torch.full((len(contexts), longest), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(contexts), longest), dtype=torch.long)  # [B, P']

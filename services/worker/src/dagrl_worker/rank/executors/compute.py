@@ -19,11 +19,13 @@ from dagrl.algorithms import (
     explained_variance,
     kl_penalty,
 )
-from dagrl.batch import Batch
+from dagrl.batch import Batch, views
 from dagrl.batch import schema as fields
 from dagrl.batch.layout import concat_aligned
+from dagrl.batch.schema import ReadOptions
 from dagrl.config import AlgorithmConfig, FilterGroupsConfig
-from dagrl_worker.rank.executors.base import StepContext, response_tokens, sequence_scores
+from dagrl.job_rules import PRODUCED_BY
+from dagrl_worker.rank.executors.base import StepContext
 from dagrl_worker.shared.metrics import Reduce
 
 
@@ -50,17 +52,23 @@ class AdvantageExecutor:
     mean, without dividing by the group's std (the "drgrpo" estimator does the same).
     """
 
-    def __init__(self, estimator: str, settings: AdvantageSettings) -> None:
+    def __init__(self, node_id: str, estimator: str, settings: AdvantageSettings,
+                 reads: ReadOptions) -> None:
+        self.node_id = node_id
         self.estimator = estimator
         self.settings = settings
+        self.reads = reads  # the job options that decide what the node reads
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
         algorithm = self.settings
-        mask = batch.tensors[fields.RESPONSE_MASK].float()  # [B, R]
-        rewards = batch.tensors[fields.TOKEN_LEVEL_SCORES]  # [B, R]
-        if algorithm.use_kl_in_reward and fields.REF_LOG_PROBS in batch:
-            kl = kl_penalty(batch.tensors[fields.OLD_LOG_PROBS],
-                            batch.tensors[fields.REF_LOG_PROBS], algorithm.kl_penalty)
+        view = views.AdvantageInputs.of(batch, self.node_id, self.reads,
+                                        kl_in_reward=algorithm.use_kl_in_reward)
+        mask = view.response_mask.float()  # [B, R]
+        rewards = view.token_level_scores  # [B, R]
+        # the view reads both log-probs when the batch carries the reference's
+        if algorithm.use_kl_in_reward and view.old_log_probs is not None \
+                and view.ref_log_probs is not None:
+            kl = kl_penalty(view.old_log_probs, view.ref_log_probs, algorithm.kl_penalty)
             rewards, mean_kl = apply_kl_penalty(rewards, kl, mask, ctx.kl_controller.value)
             ctx.sink.add(telemetry.KEY_REWARD_KL_PENALTY, float(mean_kl), Reduce.MEAN,
                          weight=len(batch))
@@ -68,11 +76,11 @@ class AdvantageExecutor:
             ctx.kl_controller.update(float(mean_kl), len(batch))
         inputs = AdvantageInputs(
             token_level_rewards=rewards, response_mask=mask,
-            values=batch.tensors.get(fields.VALUES), group_ids=batch.group_ids,
+            values=view.values, group_ids=batch.group_ids,
             gamma=algorithm.gamma, lam=algorithm.lam,
             norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo)
         advantages, returns = compute_advantage(self.estimator, inputs)
-        tokens = response_tokens(batch)
+        tokens = float(view.response_mask.sum())
         token_mean = lambda t: float((t * mask).sum() / max(tokens, 1.0))  # noqa: E731
         ctx.sink.add(telemetry.KEY_REWARDS_MEAN, float(rewards.sum(dim=1).mean()), Reduce.MEAN,
                      weight=len(batch))
@@ -100,13 +108,12 @@ class DynamicSamplingExecutor:
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
         limit = self.filter_groups.max_num_gen_batches
-        metric = self.filter_groups.metric
-        kept, rounds, dropped = [_informative(batch, metric)], 1, 0
+        kept, rounds, dropped = [self._informative(batch)], 1, 0
         dropped += _group_count(batch) - _group_count(kept[0])
         while sum(_group_count(b) for b in kept) < self.target_groups and (
                 limit == 0 or rounds < limit) and ctx.regenerate is not None:
             more = ctx.regenerate(self.node_id, rounds)
-            informative = _informative(more, metric)
+            informative = self._informative(more)
             dropped += _group_count(more) - _group_count(informative)
             kept.append(informative)
             rounds += 1
@@ -116,9 +123,21 @@ class DynamicSamplingExecutor:
         ctx.sink.add(telemetry.KEY_DYNAMIC_SAMPLING_ROUNDS, rounds, Reduce.MAX)
         return result
 
+    def _informative(self, batch: Batch) -> Batch:
+        """The groups of `batch` (the node's input, or a redrawn one) whose samples do not all
+        have the same `metric` value."""
+        scores = views.DynamicSamplingInputs.of(batch, self.node_id).token_level_scores
+        values = filter_values(scores, self.filter_groups.metric).tolist()
+        by_group: dict[str, set[float]] = {}
+        for group, value in zip(batch.group_ids, values, strict=True):
+            by_group.setdefault(group, set()).add(value)
+        keep = [i for i, g in enumerate(batch.group_ids) if len(by_group[g]) > 1]
+        return batch.select(keep)
 
-def filter_values(batch: Batch, metric: str) -> torch.Tensor:
-    """The per-sample value dynamic sampling compares within a group. # [B]
+
+def filter_values(token_level_scores: torch.Tensor, metric: str) -> torch.Tensor:
+    """The per-sample value dynamic sampling compares within a group, from the samples'
+    `token_level_scores` [B, R]. # [B]
 
     "score" and "seq_reward": the sample's total score, the sum of its token_level_scores
     (verl's seq_reward; dagrl's reward functions return one number, so "score" is that too).
@@ -126,30 +145,24 @@ def filter_values(batch: Batch, metric: str) -> torch.Tensor:
     rewards a group of only wrong-but-different answers carries no correctness signal and is
     dropped. Rewards here carry no separate correctness column, so this is the definition.
     """
-    return FILTER_METRICS[metric](batch)
+    return FILTER_METRICS[metric](token_level_scores)
 
 
-def _correct(batch: Batch) -> torch.Tensor:
-    return (sequence_scores(batch) > 0).float()
+def _total(token_level_scores: torch.Tensor) -> torch.Tensor:
+    return token_level_scores.sum(dim=1)  # [B]
+
+
+def _correct(token_level_scores: torch.Tensor) -> torch.Tensor:
+    return (_total(token_level_scores) > 0).float()  # [B]
 
 
 # `algorithm.filter_groups.metric` -> the per-sample value (filter_values' docstring)
-FILTER_METRICS: dict[str, Callable[[Batch], torch.Tensor]] = {
-    "score": sequence_scores,
-    "seq_reward": sequence_scores,
+FILTER_METRICS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "score": _total,
+    "seq_reward": _total,
     "acc": _correct,
 }
 require_table_names(FILTER_METRICS, FILTER_METRIC_NAMES, "dynamic-sampling metric")
-
-
-def _informative(batch: Batch, metric: str) -> Batch:
-    """The groups of `batch` whose samples do not all have the same `metric` value."""
-    values = filter_values(batch, metric).tolist()
-    by_group: dict[str, set[float]] = {}
-    for group, value in zip(batch.group_ids, values, strict=True):
-        by_group.setdefault(group, set()).add(value)
-    keep = [i for i, g in enumerate(batch.group_ids) if len(by_group[g]) > 1]
-    return batch.select(keep)
 
 
 def _group_count(batch: Batch) -> int:
@@ -173,7 +186,17 @@ class CustomExecutor:
         self.fn = fn
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
-        result = self.fn(batch, ctx)
+        try:
+            result = self.fn(batch, ctx)
+        except KeyError as exc:
+            # The one place a missing field is still renamed after the fact: the built-in
+            # executors check their views at entry (`dagrl.batch.views`), but a user's
+            # function reads what it likes. A built-in field its input lacks is a workflow
+            # error (which node would add it); any other KeyError is the function's own.
+            field = exc.args[0] if exc.args else None
+            if field not in PRODUCED_BY or field in batch:
+                raise
+            raise views.missing_field(self.node_id, field, batch) from exc
         if not isinstance(result, Batch):
             raise TypeError(f"node {self.node_id!r}: its function returned "
                             f"{type(result).__name__}, expected a dagrl Batch")

@@ -34,6 +34,7 @@ from transformers import PreTrainedTokenizerBase
 from dagrl import telemetry
 from dagrl.batch import Batch
 from dagrl.batch import schema as fields
+from dagrl.batch.views import SampleInputs
 from dagrl.config import NodeConfig
 from dagrl.config.node import compile_judge_parser, is_judge_parser_ref
 from dagrl.errors import RewardError
@@ -103,15 +104,18 @@ class JudgeOptions:
 
 
 class JudgeExecutor:
-    def __init__(self, judge: Judge, policy_tokenizer: PreTrainedTokenizerBase,
+    def __init__(self, node_id: str, judge: Judge, policy_tokenizer: PreTrainedTokenizerBase,
                  options: JudgeOptions, parser: VerdictParser) -> None:
+        self.node_id = node_id
         self.judge = judge
         self.policy_tokenizer = policy_tokenizer
         self.options = options
         self.parser = parser
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
-        prompts = self.judge_prompts(batch)
+        samples = SampleInputs.of(batch, self.node_id)
+        prompts = self.judge_prompts(samples,
+                                     batch.columns.get(fields.GROUND_TRUTH, [""] * len(batch)))
         with telemetry.phase_span(telemetry.SPAN_JUDGE_GENERATE) as span, ctx.sink.compute():
             span.set_batch_size(len(batch))
             verdicts, lengths = self.verdicts(prompts, ctx)
@@ -130,18 +134,18 @@ class JudgeExecutor:
                          Reduce.MEAN, weight=rows)
         return batch.with_fields(tensors={fields.JUDGE_SCORES: scores})
 
-    def judge_prompts(self, batch: Batch) -> list[list[int]]:
-        """Each sample's judge prompt: the template filled in, as a chat user message."""
-        width = batch.tensors[fields.PROMPTS].shape[1]
-        attended = batch.tensors[fields.ATTENTION_MASK].bool()  # [B, P+R]
-        prompt_ids = [row[m].tolist() for row, m in zip(batch.tensors[fields.PROMPTS],
-                                                         attended[:, :width], strict=True)]
-        response_ids = [row[m].tolist() for row, m in zip(batch.tensors[fields.RESPONSES],
+    def judge_prompts(self, samples: SampleInputs, truths: list[Any]) -> list[list[int]]:
+        """Each sample's judge prompt: the template filled in, as a chat user message;
+        `truths` are the samples' `ground_truth`."""
+        width = samples.prompts.shape[1]
+        attended = samples.attention_mask.bool()  # [B, P+R]
+        prompt_ids = [row[m].tolist() for row, m in zip(samples.prompts, attended[:, :width],
+                                                         strict=True)]
+        response_ids = [row[m].tolist() for row, m in zip(samples.responses,
                                                            attended[:, width:], strict=True)]
         decode = self.policy_tokenizer.batch_decode
         prompts = decode(prompt_ids, skip_special_tokens=True) if prompt_ids else []
         responses = decode(response_ids, skip_special_tokens=True) if response_ids else []
-        truths = batch.columns.get(fields.GROUND_TRUTH, [""] * len(batch))
         return [encode_chat_prompt(self.judge.tokenizer, [{"role": "user", "content":
                 self.options.template.format(prompt=p, response=r, ground_truth=t)}])
                 for p, r, t in zip(prompts, responses, truths, strict=True)]

@@ -24,6 +24,7 @@ import torch
 from dagrl import telemetry
 from dagrl.batch import Batch
 from dagrl.batch import schema as fields
+from dagrl.batch.views import ModelPassInputs
 from dagrl.config import JobConfig, RefConfig, RolloutConfig
 from dagrl.errors import InvalidInputError
 from dagrl.workflow import NodeRole, NodeType, TaskGraph
@@ -33,7 +34,7 @@ from dagrl_worker.rank.training.engine import TrainEngine
 from dagrl_worker.rank.training.forward import compute_log_probs, forward_module
 from dagrl_worker.rank.training.ppo import record_mismatch
 from dagrl_worker.rank.training.token_budget import MicroBatching
-from dagrl_worker.rank.training.token_log_probs import LogProbImpl
+from dagrl_worker.rank.training.token_log_probs import LogProbSetting
 from dagrl_worker.shared.metrics import Reduce
 
 # roles of the nodes that may sit between the pass and the update without reading its output
@@ -54,7 +55,7 @@ class LogProbPass:
     micro: MicroBatching
     temperature: float
     remove_padding: bool
-    log_prob_impl: LogProbImpl = "logits"
+    log_prob_impl: LogProbSetting = "logits"
 
     @classmethod
     def of(cls, section: RolloutConfig | RefConfig, config: JobConfig) -> LogProbPass:
@@ -80,14 +81,16 @@ class OldLogProbExecutor:
       forward gives them; the batch goes on without `old_log_probs`.
     """
 
-    def __init__(self, engine: TrainEngine, forward: LogProbPass, *,
+    def __init__(self, node_id: str, engine: TrainEngine, forward: LogProbPass, *,
                  use_rollout_log_probs: bool, in_update: bool = False) -> None:
+        self.node_id = node_id
         self.engine = engine
         self.forward = forward
         self.use_rollout_log_probs = use_rollout_log_probs
         self.in_update = in_update
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
+        ModelPassInputs.of(batch, self.node_id)  # checked here; the pass cuts the Batch
         if self.use_rollout_log_probs:
             rollout_log_probs = require_rollout_log_probs(batch)
             ctx.sink.add(telemetry.KEY_OLD_LOG_PROB_SKIPPED, 1.0, Reduce.MAX)
@@ -113,10 +116,11 @@ class ReferenceLogProbExecutor:
     frozen, and no second copy is loaded.
     """
 
-    def __init__(self, models: AgentModels, forward: LogProbPass,
+    def __init__(self, node_id: str, models: AgentModels, forward: LogProbPass,
                  offloaded: bool = False) -> None:
         """`offloaded` (`ref.fsdp_config.param_offload`): the reference waits in host memory
         and visits the rank's device for its pass only."""
+        self.node_id = node_id
         self.actor = models.actor if models.actor is not None and models.actor.has_lora \
             else None
         if models.reference is None and self.actor is None:
@@ -127,6 +131,7 @@ class ReferenceLogProbExecutor:
         self.offloaded = offloaded
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
+        ModelPassInputs.of(batch, self.node_id)  # checked here; the pass cuts the Batch
         forward = self.forward
         with telemetry.phase_span(telemetry.SPAN_LOG_PROB), ctx.sink.compute():
             if self.actor is None:

@@ -12,8 +12,10 @@ import math
 from dagrl import telemetry
 from dagrl.batch import Batch
 from dagrl.batch import schema as fields
+from dagrl.batch.schema import ReadOptions
+from dagrl.batch.views import ActorUpdateInputs, CriticUpdateInputs, ModelPassInputs
 from dagrl.config import CriticConfig, JobConfig
-from dagrl_worker.rank.executors.base import StepContext, response_tokens
+from dagrl_worker.rank.executors.base import StepContext
 from dagrl_worker.rank.executors.log_probs import micro_batching, require_rollout_log_probs
 from dagrl_worker.rank.training.engine import TrainEngine
 from dagrl_worker.rank.training.forward import compute_values, forward_module
@@ -59,12 +61,15 @@ class ValuesExecutor:
     """CRITIC, forward only: value estimates of every response position, in micro-batches
     (`critic.ppo_micro_batch_size_per_rank` or its token budget)."""
 
-    def __init__(self, engine: TrainEngine, micro: MicroBatching, remove_padding: bool) -> None:
+    def __init__(self, node_id: str, engine: TrainEngine, micro: MicroBatching,
+                 remove_padding: bool) -> None:
+        self.node_id = node_id
         self.engine = engine
         self.micro = micro
         self.remove_padding = remove_padding  # critic.model.use_remove_padding
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
+        ModelPassInputs.of(batch, self.node_id)  # checked here; the pass cuts the Batch
         with ctx.sink.compute():
             values = compute_values(forward_module(self.engine), batch, self.micro,
                                     self.remove_padding)
@@ -79,30 +84,35 @@ class ActorTrainExecutor:
     log-probs are the old log-probs here (what that node would have done without a pass).
     """
 
-    def __init__(self, engine: TrainEngine, update: ActorUpdate, plan: MiniBatchPlan) -> None:
+    def __init__(self, node_id: str, engine: TrainEngine, update: ActorUpdate,
+                 plan: MiniBatchPlan, reads: ReadOptions) -> None:
+        self.node_id = node_id
         self.engine = engine
         self.update = update
         self.plan = plan
+        self.reads = reads  # the job options that decide what the update reads
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
-        actor = self.update.actor
-        if actor.use_rollout_log_probs and fields.OLD_LOG_PROBS not in batch:
+        # checked here (the rollout correction's rollout_log_probs too); the loop cuts the Batch
+        view = ActorUpdateInputs.of(batch, self.node_id, self.reads)
+        if self.update.actor.use_rollout_log_probs and fields.OLD_LOG_PROBS not in batch:
             batch = batch.with_fields(
                 tensors={fields.OLD_LOG_PROBS: require_rollout_log_probs(batch)})
-        if self.update.correction.mode != "off":
-            require_rollout_log_probs(batch)
         update_actor(self.engine, batch, self.update, self.plan, ctx.sink, step=ctx.step)
-        ctx.sink.add(telemetry.KEY_TOKENS_TRAINED, response_tokens(batch) * self.plan.epochs,
-                     Reduce.SUM)
+        ctx.sink.add(telemetry.KEY_TOKENS_TRAINED,
+                     float(view.response_mask.sum()) * self.plan.epochs, Reduce.SUM)
         return batch
 
 
 class CriticTrainExecutor:
-    def __init__(self, engine: TrainEngine, critic: CriticConfig, plan: MiniBatchPlan) -> None:
+    def __init__(self, node_id: str, engine: TrainEngine, critic: CriticConfig,
+                 plan: MiniBatchPlan) -> None:
+        self.node_id = node_id
         self.engine = engine
         self.critic = critic
         self.plan = plan
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
+        CriticUpdateInputs.of(batch, self.node_id)  # checked here; the loop cuts the Batch
         update_critic(self.engine, batch, self.critic, self.plan, ctx.sink, step=ctx.step)
         return batch

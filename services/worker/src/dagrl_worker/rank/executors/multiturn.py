@@ -19,6 +19,7 @@ from transformers import PreTrainedTokenizerBase
 from dagrl import telemetry
 from dagrl.batch import Batch
 from dagrl.batch import schema as fields
+from dagrl.batch.views import RolloutInputs
 from dagrl.envs import AgentOptions, Environment
 from dagrl_worker.rank.executors.base import StepContext
 from dagrl_worker.rank.executors.rollout import RolloutSampling
@@ -35,9 +36,10 @@ from dagrl_worker.shared.metrics import Reduce
 
 
 class MultiTurnRolloutExecutor:
-    def __init__(self, backend: RolloutBackend, tokenizer: PreTrainedTokenizerBase,
-                 options: AgentOptions, make_env: Callable[[], Environment],
-                 sampling: RolloutSampling) -> None:
+    def __init__(self, node_id: str, backend: RolloutBackend,
+                 tokenizer: PreTrainedTokenizerBase, options: AgentOptions,
+                 make_env: Callable[[], Environment], sampling: RolloutSampling) -> None:
+        self.node_id = node_id
         self.backend = backend
         self.sampling = sampling
         self.pad_token_id = int(tokenizer.pad_token_id)
@@ -46,6 +48,7 @@ class MultiTurnRolloutExecutor:
         self.processor = TurnProcessor(tokenizer, options)
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
+        view = RolloutInputs.of(batch, self.node_id)
         params = self.sampling.at(ctx)
         width = self.sampling.max_response_length
         limits = TurnLimits(self.options.max_assistant_turns,
@@ -53,8 +56,9 @@ class MultiTurnRolloutExecutor:
         samples = batch.repeat_interleave(params.n)
         rows = [{name: values[i] for name, values in samples.columns.items()}
                 for i in range(len(samples))]
-        prompts = [ids[m.bool()].tolist() for ids, m in zip(
-            samples.tensors[fields.PROMPT_IDS], samples.tensors[fields.PROMPT_MASK], strict=True)]
+        prompts = [ids[m.bool()].tolist() for ids, m in zip(  # each prompt n times in a row
+            view.prompt_ids.repeat_interleave(params.n, dim=0),
+            view.prompt_mask.repeat_interleave(params.n, dim=0), strict=True)]
         generate = backend_generate_fn(self.backend, self.pad_token_id, params)
         with telemetry.phase_span(telemetry.SPAN_ROLLOUT_GENERATE) as span, ctx.sink.compute():
             episodes = asyncio.run(run_episodes(rows, prompts, self.make_env, self.processor,

@@ -15,6 +15,7 @@ import torch
 from dagrl import telemetry
 from dagrl.batch import Batch
 from dagrl.batch import schema as fields
+from dagrl.batch.views import RewardInputs
 from dagrl.config.reward import LEARNED_SOURCES
 from dagrl.rewards.combine import combine_scores
 from dagrl.rewards.overlong import overlong_penalty
@@ -35,23 +36,25 @@ class RewardExecutor:
     environment's episode rewards there — keeps them: the node then only reports them.
     """
 
-    def __init__(self, tokenizer: Any, sources: RewardSources,
+    def __init__(self, node_id: str, tokenizer: Any, sources: RewardSources,
                  max_response_length: int) -> None:
+        self.node_id = node_id
         self.tokenizer = tokenizer
         self.sources = sources
         self.max_response_length = max_response_length  # data.max_response_length
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
-        if fields.TOKEN_LEVEL_SCORES in batch:  # scored by the rollout's environment
-            _report_scores(ctx, batch.tensors[fields.TOKEN_LEVEL_SCORES].sum(dim=1), len(batch))
+        view = RewardInputs.of(batch, self.node_id)
+        if view.token_level_scores is not None:  # scored by the rollout's environment
+            _report_scores(ctx, view.token_level_scores.sum(dim=1), len(batch))
             return batch
-        mask = batch.tensors[fields.RESPONSE_MASK]  # [B, R]
+        mask = view.response_mask  # [B, R]
         weights = self.sources.config.weights(validating=ctx.validating)
         # only the rule and the remote service read texts (a model's scores are upstream's)
-        texts = self._decode(batch.tensors[fields.RESPONSES], mask, skip_special_tokens=True) \
+        texts = self._decode(view.responses, mask, skip_special_tokens=True) \
             if set(weights) - set(LEARNED_SOURCES) else []
         # the remote service sees the prompt as the policy did, chat template included
-        prompts = self._decode(batch.tensors[fields.PROMPTS], _prompt_mask(batch),
+        prompts = self._decode(view.prompts, _prompt_mask(view),
                                skip_special_tokens=False) if "remote" in weights else []
         timeouts_before = self.sources.verifier.timeouts
         with telemetry.phase_span(telemetry.SPAN_REWARD_SCORE):
@@ -80,9 +83,9 @@ class RewardExecutor:
             if rows else []
 
 
-def _prompt_mask(batch: Batch) -> torch.Tensor:
+def _prompt_mask(view: RewardInputs) -> torch.Tensor:
     """Which prompt tokens are real (prompts are left-padded). # [B, P]"""
-    return batch.tensors[fields.ATTENTION_MASK][:, :batch.tensors[fields.PROMPTS].shape[1]]
+    return view.attention_mask[:, :view.prompts.shape[1]]
 
 
 def _report_scores(ctx: StepContext, scores: torch.Tensor, rows: int) -> None:

@@ -28,6 +28,7 @@ from transformers import PreTrainedTokenizerBase
 from dagrl import telemetry
 from dagrl.batch import Batch
 from dagrl.batch import schema as fields
+from dagrl.batch.views import SampleInputs
 from dagrl_worker.rank.executors.base import StepContext
 from dagrl_worker.rank.rewards.scorers import RewardModel
 from dagrl_worker.shared.metrics import Reduce
@@ -37,14 +38,15 @@ class RewardModelExecutor:
     """Scores each sample with a reward model, in micro-batches of `micro_batch_size` samples
     sorted by length (less padding); adds `rm_scores`."""
 
-    def __init__(self, model: RewardModel, policy_tokenizer: PreTrainedTokenizerBase,
-                 micro_batch_size: int) -> None:
+    def __init__(self, node_id: str, model: RewardModel,
+                 policy_tokenizer: PreTrainedTokenizerBase, micro_batch_size: int) -> None:
+        self.node_id = node_id
         self.model = model
         self.policy_tokenizer = policy_tokenizer
         self.micro_batch_size = micro_batch_size
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
-        sequences = self.sequences(batch)
+        sequences = self.sequences(SampleInputs.of(batch, self.node_id))
         with telemetry.phase_span(telemetry.SPAN_REWARD_MODEL_FORWARD) as span, \
                 ctx.sink.compute():
             span.set_batch_size(len(batch))
@@ -56,10 +58,10 @@ class RewardModelExecutor:
                          Reduce.MEAN, weight=len(batch))
         return batch.with_fields(tensors={fields.RM_SCORES: scores})
 
-    def sequences(self, batch: Batch) -> list[list[int]]:
+    def sequences(self, samples: SampleInputs) -> list[list[int]]:
         """Each sample's prompt + response tokens, in the reward model's vocabulary."""
-        tokens = torch.cat([batch.tensors[fields.PROMPTS], batch.tensors[fields.RESPONSES]], dim=1)
-        attended = batch.tensors[fields.ATTENTION_MASK].bool()  # [B, P+R]
+        tokens = torch.cat([samples.prompts, samples.responses], dim=1)  # [B, P+R]
+        attended = samples.attention_mask.bool()  # [B, P+R]
         ids = [row[mask].tolist() for row, mask in zip(tokens, attended, strict=True)]
         if not self.model.retokenize:
             return ids

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from dagrl import telemetry
 from dagrl.batch import Batch
 from dagrl.batch import schema as fields
+from dagrl.batch.views import RolloutInputs
 from dagrl.config import JobConfig
 from dagrl_worker.rank.executors.base import StepContext
 from dagrl_worker.rank.rollout import RolloutBackend, SamplingParams
@@ -62,11 +63,13 @@ class RolloutSampling:
 
 
 class RolloutExecutor:
-    def __init__(self, backend: RolloutBackend, sampling: RolloutSampling) -> None:
+    def __init__(self, node_id: str, backend: RolloutBackend, sampling: RolloutSampling) -> None:
+        self.node_id = node_id
         self.backend = backend
         self.sampling = sampling
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
+        RolloutInputs.of(batch, self.node_id)  # checked here; the backend samples the Batch
         params = self.sampling.at(ctx)
         with telemetry.phase_span(telemetry.SPAN_ROLLOUT_GENERATE) as span, ctx.sink.compute():
             out = self.backend.generate(batch, params)

@@ -1,15 +1,16 @@
 """Which executor each node gets, built once with the settings it uses (`build_executor`).
 
-Which kind of executor a node gets is `dagrl.job_rules.executor_kind` (the rule the job check
+Which kind of executor a node gets is `dagrl.node_kinds.executor_kind` (the rule the job check
 reads the batch schema by, so the two cannot disagree); one table, `_EXECUTORS`, maps each kind
 to the function that builds it. A node with no kind gets a clear error naming it. Those
 functions read the job config, so no executor does: each constructor shows what its executor
-depends on. A ROLLOUT node whose `agent_options` name an `env` runs multi-turn episodes, one
-naming an `agent` a user's agent program; one with `agent_options.chain_template` prompts with
-its parent ROLLOUT node's samples (the next agent of a multi-agent chain, `chain.py`), single-
-or multi-turn. Agent options and ENV_INTERACT nodes are checked by `dagrl.envs`'
-`agent_node_problems`, the same check the scheduler runs on the whole workflow at plan time.
-The models the executors use are `builder`'s.
+depends on, the node id first (its typed view names the node: `dagrl.batch.views`). A ROLLOUT
+node whose `agent_options` name an `env` runs multi-turn episodes, one naming an `agent` a
+user's agent program; one with `agent_options.chain_template` prompts with its parent ROLLOUT
+node's samples (the next agent of a multi-agent chain, `chain.py`), single- or multi-turn.
+Agent options and ENV_INTERACT nodes are checked by `dagrl.envs`' `agent_node_problems`, the
+same check the scheduler runs on the whole workflow at plan time. The models the executors use
+are `builder`'s.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from dagrl.batch.schema import ExecutorKind
 from dagrl.config import JobConfig, NodeConfig, node_config
 from dagrl.envs import agent_node_problems, agent_options, env_factory
 from dagrl.errors import ConfigError, InvalidInputError
-from dagrl.job_rules import executor_kind
+from dagrl.job_rules import read_options
+from dagrl.node_kinds import executor_kind
 from dagrl.refs import resolve_ref
 from dagrl.workflow import Node
 from dagrl_worker.rank.executors.agent import AgentRolloutExecutor, gateway_limits
@@ -116,19 +118,21 @@ def _judge(b: _NodeInputs) -> Executor:
     """An LLM judge: a MODEL_INFERENCE REWARD node that sets `config.judge_template`."""
     judge = _need(b.models.judges.get(b.node.node_id), b.node, "its judge model")
     seed = b.config.actor_rollout_ref.rollout.seed
-    return JudgeExecutor(judge, b.models.tokenizer, JudgeOptions.of(b.options, seed),
-                         VerdictParser(b.options.judge_parser))
+    return JudgeExecutor(b.node.node_id, judge, b.models.tokenizer,
+                         JudgeOptions.of(b.options, seed), VerdictParser(b.options.judge_parser))
 
 
 def _reward_model(b: _NodeInputs) -> Executor:
     model = _need(b.models.reward_models.get(b.node.node_id), b.node, "its reward model")
-    return RewardModelExecutor(model, b.models.tokenizer, b.options.micro_batch_size)
+    return RewardModelExecutor(b.node.node_id, model, b.models.tokenizer,
+                               b.options.micro_batch_size)
 
 
 def _reward(b: _NodeInputs) -> Executor:
     reward = b.config.reward
     ref = b.options.reward_fn or reward.reward_fn or b.node.executable_ref
-    return RewardExecutor(b.models.tokenizer, build_reward_sources(b.node.node_id, ref, reward),
+    return RewardExecutor(b.node.node_id, b.models.tokenizer,
+                          build_reward_sources(b.node.node_id, ref, reward),
                           b.config.data.max_response_length)
 
 
@@ -136,7 +140,8 @@ def _advantage(b: _NodeInputs) -> Executor:
     algorithm = b.config.algorithm
     # algorithm.adv_estimator is the estimator's one home: the job check refuses a node whose
     # config.adv_estimator (what its workflow is built for) differs
-    return AdvantageExecutor(algorithm.adv_estimator, AdvantageSettings.of(algorithm))
+    return AdvantageExecutor(b.node.node_id, algorithm.adv_estimator,
+                             AdvantageSettings.of(algorithm), read_options(b.config))
 
 
 def _dynamic_sampling(b: _NodeInputs) -> Executor:
@@ -147,7 +152,7 @@ def _dynamic_sampling(b: _NodeInputs) -> Executor:
 def _old_log_prob(b: _NodeInputs) -> Executor:
     """The old-log-prob pass: a forward-only ACTOR node."""
     return OldLogProbExecutor(
-        _need(b.models.actor, b.node, "an actor model"),
+        b.node.node_id, _need(b.models.actor, b.node, "an actor model"),
         LogProbPass.of(b.config.actor_rollout_ref.rollout, b.config),
         use_rollout_log_probs=b.config.actor_rollout_ref.actor.use_rollout_log_probs,
         in_update=b.old_log_probs_in_update)
@@ -155,28 +160,29 @@ def _old_log_prob(b: _NodeInputs) -> Executor:
 
 def _actor_update(b: _NodeInputs) -> Executor:
     engine = _need(b.models.actor, b.node, "an actor model")
-    return ActorTrainExecutor(engine, actor_update(b.config), actor_plan(b.config))
+    return ActorTrainExecutor(b.node.node_id, engine, actor_update(b.config),
+                              actor_plan(b.config), read_options(b.config))
 
 
 def _reference(b: _NodeInputs) -> Executor:
     ref = b.config.actor_rollout_ref.ref
-    return ReferenceLogProbExecutor(b.models, LogProbPass.of(ref, b.config),
+    return ReferenceLogProbExecutor(b.node.node_id, b.models, LogProbPass.of(ref, b.config),
                                     ref.fsdp_config.param_offload)
 
 
 def _values(b: _NodeInputs) -> Executor:
     """The values pass: a forward-only CRITIC node."""
     critic = b.config.critic
-    return ValuesExecutor(_need(b.models.critic, b.node, "a critic model"),
+    return ValuesExecutor(b.node.node_id, _need(b.models.critic, b.node, "a critic model"),
                           critic_micro_batching(critic), critic.model.use_remove_padding)
 
 
 def _critic_update(b: _NodeInputs) -> Executor:
     engine = _need(b.models.critic, b.node, "a critic model")
-    return CriticTrainExecutor(engine, b.config.critic, critic_plan(b.config))
+    return CriticTrainExecutor(b.node.node_id, engine, b.config.critic, critic_plan(b.config))
 
 
-# Executor kind (`dagrl.job_rules.executor_kind`) -> the function building it; CUSTOM is
+# Executor kind (`dagrl.node_kinds.executor_kind`) -> the function building it; CUSTOM is
 # `build_executor`'s own case.
 _EXECUTORS: dict[ExecutorKind, Callable[[_NodeInputs], Executor]] = {
     ExecutorKind.ROLLOUT: _rollout,
@@ -205,14 +211,14 @@ def _rollout_executor(node: Node, models: AgentModels, backend: RolloutBackend,
         program = cast(Any, resolve_ref(options.agent, kind="callable"))  # checked when run
         return AgentRolloutExecutor(backend, models.tokenizer, options, program, sampling,
                                     gateway_limits(options, config.data))
-    rollout: Executor = RolloutExecutor(backend, sampling)
+    rollout: Executor = RolloutExecutor(node.node_id, backend, sampling)
     if options.env is not None:
         try:
             make_env = env_factory(options.env, options.max_assistant_turns)
         except InvalidInputError as exc:
             raise ConfigError(f"node {node.node_id!r}: agent_options.env: {exc}") from exc
-        rollout = MultiTurnRolloutExecutor(backend, models.tokenizer, options, make_env,
-                                           sampling)
+        rollout = MultiTurnRolloutExecutor(node.node_id, backend, models.tokenizer, options,
+                                           make_env, sampling)
     if options.chain_template is None:
         return rollout
     return ChainRolloutExecutor(node.node_id, node.agent_group, models.tokenizer,

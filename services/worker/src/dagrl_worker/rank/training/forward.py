@@ -22,7 +22,7 @@ from dagrl_worker.rank.training.engine import TrainEngine
 from dagrl_worker.rank.training.model_outputs import response_log_probs, response_values
 from dagrl_worker.rank.training.parallel import DataParallel
 from dagrl_worker.rank.training.token_budget import MicroBatching, masked_out_row, scatter_rows
-from dagrl_worker.rank.training.token_log_probs import LogProbImpl
+from dagrl_worker.rank.training.token_log_probs import LogProbSetting
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def forward_in_micro_batches(target: ForwardTarget | torch.nn.Module, rows: Batc
 def compute_log_probs(target: ForwardTarget | torch.nn.Module, rows: Batch,
                       micro: MicroBatching, temperature: float,
                       remove_padding: bool = False,
-                      log_prob_impl: LogProbImpl = "logits") -> torch.Tensor:
+                      log_prob_impl: LogProbSetting = "logits") -> torch.Tensor:
     return forward_in_micro_batches(
         target, rows, micro,
         lambda m, b: response_log_probs(m, b, temperature, remove_padding=remove_padding,

@@ -49,7 +49,12 @@ from dagrl.batch import Batch
 from dagrl.batch import schema as fields
 from dagrl.errors import ConfigError
 from dagrl_worker.rank.training import lora
-from dagrl_worker.rank.training.token_log_probs import LOG_PROB_IMPLS, LogProbImpl, token_log_probs
+from dagrl_worker.rank.training.token_log_probs import (
+    LOG_PROB_IMPLS,
+    LogProbImpl,
+    LogProbSetting,
+    token_log_probs,
+)
 
 # attention implementations whose mask follows the position ids in every row of a batch
 MASKED_ATTENTION = ("sdpa", "eager", "flex_attention")
@@ -202,7 +207,7 @@ def response_logits(module: torch.nn.Module, batch: Batch, temperature: float,
 
 def response_log_probs(module: torch.nn.Module, batch: Batch, temperature: float,
                        with_entropy: bool = False, remove_padding: bool = False,
-                       entropy_grad: bool = True, log_prob_impl: LogProbImpl = "logits",
+                       entropy_grad: bool = True, log_prob_impl: LogProbSetting = "logits",
                        chunk_tokens: int | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log-prob of each response token [B, R], entropy [B, R] or None).
@@ -212,6 +217,9 @@ def response_log_probs(module: torch.nn.Module, batch: Batch, temperature: float
     kept for a backward that would multiply it by zero. `log_prob_impl`: "logits" (all of
     them, [B, R, V] fp32), "chunked" or "liger" (`training.token_log_probs`; `chunk_tokens`
     per chunk of "chunked")."""
+    if log_prob_impl == "auto":
+        raise ConfigError("log_prob_impl 'auto' reached a forward pass: it is decided per rank "
+                          "(dagrl_worker.rank.device.for_device) before any model runs")
     if log_prob_impl not in LOG_PROB_IMPLS:
         raise ConfigError(f"log_prob_impl {log_prob_impl!r} is none of "
                           f"{', '.join(repr(i) for i in LOG_PROB_IMPLS)}")

@@ -46,7 +46,7 @@ from dagrl_worker.rank.training.engine import TrainEngine
 from dagrl_worker.rank.training.finite import check_finite
 from dagrl_worker.rank.training.model_outputs import response_log_probs, response_values
 from dagrl_worker.rank.training.token_budget import MicroBatching, masked_out_row
-from dagrl_worker.rank.training.token_log_probs import LogProbImpl
+from dagrl_worker.rank.training.token_log_probs import LogProbSetting
 from dagrl_worker.shared.metrics import MetricSink, Reduce
 
 
@@ -184,7 +184,7 @@ class ActorUpdate:
     correction: RolloutCorrectionConfig
     temperature: float
     remove_padding: bool = False  # model.use_remove_padding
-    log_prob_impl: LogProbImpl = "logits"  # model.log_prob_impl
+    log_prob_impl: LogProbSetting = "logits"  # model.log_prob_impl
 
 
 def record_mismatch(actor_log_probs: torch.Tensor, batch: Batch, sink: MetricSink) -> None:

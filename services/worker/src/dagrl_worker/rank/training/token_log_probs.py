@@ -39,6 +39,9 @@ from dagrl.errors import ConfigError
 
 LogProbImpl = Literal["logits", "chunked", "liger"]
 LOG_PROB_IMPLS: tuple[LogProbImpl, ...] = ("logits", "chunked", "liger")
+# `model.log_prob_impl` as a job sets it: `auto` is decided per rank (`device.for_device`)
+# before a pass runs
+LogProbSetting = Literal["auto", "logits", "chunked", "liger"]
 LIGER_MIN_VERSION = Version("0.8.5")
 # fp32 logits of one chunk: 256 MiB (1,365 tokens of a 49,152 vocabulary; 441 of Qwen2's
 # 151,936); the backward holds about three such buffers at once. Smaller chunks cost more
