@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dagrl.models.demo import TOOL_USE, DemoRecipe, prepare_assets
+from tests.conftest import shared_asset_set
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -26,19 +26,17 @@ def ray_session() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A warm-started tiny policy and an arithmetic dataset (the demo's, fewer prompts)."""
-    folder = tmp_path_factory.mktemp("assets")
-    prepare_assets(folder, DemoRecipe.for_tests())
-    return folder
+def assets() -> Path:
+    """A warm-started tiny policy and an arithmetic dataset (the demo's, fewer prompts), with
+    the tiny reward model beside it: the session's shared set, built in the background
+    (`tests/shared_assets.py`). Read-only: a test that changes assets copies them."""
+    return shared_asset_set("demo")
 
 
 @pytest.fixture(scope="session")
-def tool_assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tool_assets() -> Path:
     """The tiny policy warm-started to call the calculator (`examples/calculator_tool.yaml`)."""
-    folder = tmp_path_factory.mktemp("tool_assets")
-    prepare_assets(folder, DemoRecipe.for_tests(tool_use=TOOL_USE))
-    return folder
+    return shared_asset_set("tool")
 
 
 def job_config(assets: Path, example: str, **sections: dict) -> dict:

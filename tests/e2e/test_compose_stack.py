@@ -197,17 +197,14 @@ def job_config_file(assets: Path, folder: Path) -> Path:
 @pytest.mark.e2e
 @pytest.mark.timeout(420)
 def test_the_compose_services_as_local_processes_run_a_submitted_job(
-        redis_server: LocalRedis, tmp_path: Path) -> None:
-    from dagrl.models.demo import DemoRecipe, prepare_assets
-
+        redis_server: LocalRedis, assets: Path, tmp_path: Path) -> None:
     with running_stack(tmp_path, redis_server) as stack:
         stack.start_service("metrics")
         stack.start_service("databuffer")
         stack.start_ray_node("ray-head", num_cpus=0)
-        prepare_assets(tmp_path / "assets", DemoRecipe.for_tests())  # while those start
         stack.start_ray_node("ray-worker", num_cpus=2)
         stack.start_service("scheduler")
-        config = job_config_file(tmp_path / "assets", tmp_path)
+        config = job_config_file(assets, tmp_path)
         for name in ("metrics", "databuffer", "scheduler"):
             stack.wait_healthy(name)
         stack.wait_ray_nodes(2)

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -19,14 +20,14 @@ import pytest
 
 from dagrl.jobs import JobState
 from dagrl.local import LocalRedis
-from dagrl.models.reward_model import FOLDER, RewardModelRecipe, prepare_reward_model
+from dagrl.models.reward_model import FOLDER
+from tests.shared_assets import RM_FIGURES
 
 from .conftest import EXAMPLES
 from .test_training import run_job, series
 
 pytestmark = pytest.mark.e2e
 RM_STEPS = 12
-RM_TRAIN_STEPS = 200
 JUDGE_STEPS = 2
 JUDGE_WORKFLOW = """\
 dag_id: grpo_judge
@@ -46,9 +47,10 @@ nodes:
 @pytest.fixture(scope="session")
 def rm_figures(assets: Path) -> dict[str, float]:
     """The demo's tiny reward model, trained beside the test assets' policy (a third of the
-    demo's steps and a quarter of its sampled prompts); its held-out figures."""
-    return prepare_reward_model(assets, RewardModelRecipe(steps=RM_TRAIN_STEPS,
-                                                          policy_prompts=128))
+    demo's steps and a quarter of its sampled prompts: `tests/shared_assets.py` builds it with
+    the assets); its held-out figures, as `prepare_reward_model` measured them."""
+    figures: dict[str, float] = json.loads((assets / RM_FIGURES).read_text())
+    return figures
 
 
 @pytest.fixture(scope="session")
@@ -59,8 +61,8 @@ def rm_assets(assets: Path, rm_figures: dict[str, float]) -> Path:
 def test_the_reward_model_ranks_the_policys_own_samples(rm_figures: dict[str, float]) -> None:
     """A right sample of the policy outscores a wrong one of the same prompt > 85 % of the time
     (91.5 % measured; the old recipe's RM: 84 %). Best-of-8 by the RM beating the policy's
-    greedy accuracy (74.5 % vs 51.5 %) takes the demo's 600 steps; with the 200 here it does
-    not (61 % vs 62.5 % on 64 prompts)."""
+    greedy accuracy (74.5 % vs 51.5 %) takes the demo's 600 steps; with the 200 of the shared
+    assets (tests/shared_assets.py) it does not (61 % vs 62.5 % on 64 prompts)."""
     assert rm_figures["rm_heldout_accuracy"] > 0.8, rm_figures
     assert rm_figures["rm_heldout_pairwise_accuracy"] > 0.85, rm_figures
 

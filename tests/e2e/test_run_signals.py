@@ -7,8 +7,8 @@ the CLI alone, as `timeout` sends it). Either way the CLI must cancel the job, w
 what it started and exit with 128 + the signal and a line saying so; the job ends CANCELLED and
 no process the run started is left. While it runs, nothing it started listens beyond loopback.
 
-The job is made cheap: a barely warm-started model (its answers do not matter), a few prompts a
-step, and more steps than it can reach, so the signal always finds it training.
+The job is made cheap: the session's shared test assets (their answers do not matter), a few
+prompts a step, and more steps than it can reach, so the signal always finds it training.
 
 SIGKILL cannot be caught: then the guardian `dagrl run` started (`dagrl.local.guardian`) and
 the parent-death signal stop the scheduler (which stops the job), the metrics service and Redis,
@@ -33,25 +33,16 @@ import redis
 import yaml
 
 from dagrl.jobs import JobStore
-from dagrl.models.demo import DemoRecipe, prepare_assets
 
 from .conftest import job_config
 
 pytestmark = pytest.mark.e2e
 
-CHEAP_RECIPE = DemoRecipe(n_train=64, n_val=8, warm_steps=2)
 STARTED_TIMEOUT_S = 300  # Ray, two ranks and one step on a busy 2-core machine
 EXIT_TIMEOUT_S = 120  # cancel (driver grace 10 s) and stopping every service
 GONE_TIMEOUT_S = 30  # Ray's workers die with their raylet, a moment later
 KILLED_GONE_TIMEOUT_S = 120  # after SIGKILL: the job's cancel (grace 10 s), then the services
 WILDCARDS = {"0.0.0.0", "::"}
-
-
-@pytest.fixture(scope="module")
-def cheap_assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("cheap_assets")
-    prepare_assets(folder, CHEAP_RECIPE)
-    return folder
 
 
 @dataclass
@@ -70,10 +61,10 @@ class Run:
 
 
 @pytest.fixture
-def run(cheap_assets: Path, tmp_path: Path) -> Iterator[Run]:
+def run(assets: Path, tmp_path: Path) -> Iterator[Run]:
     """`dagrl run` in its own process group, returned once the job's first step is done."""
     config = job_config(
-        cheap_assets, "grpo_arith",
+        assets, "grpo_arith",
         data={"train_batch_size": 4},
         actor_rollout_ref={"actor.ppo_mini_batch_size": 4, "actor.ppo_micro_batch_size_per_rank": 4,
                            "rollout.n": 2, "rollout.log_prob_micro_batch_size_per_rank": 4,

@@ -1,0 +1,143 @@
+"""The demo assets the e2e tests train on, built once per test session, in the background.
+
+Building them is the slowest set-up of the e2e tier: each warm start runs with portable kernels
+(`dagrl.models.demo.PORTABLE_KERNELS`, ~20-35 s on two cores here), the tool-use policy and the
+tiny reward model about as long again. Before, each fixture or test that needed them built its
+own copy when it first ran, on the critical path. Now, as soon as the session knows e2e tests
+will run (after collection), one builder process starts and builds every shared set in the
+order the e2e tier first needs them, while the unit and integration tiers run (they leave a
+core free most of the time); a fixture waits only for the set it reads.
+
+The sets live under one folder per session (`DAGRL_SHARED_ASSETS`), shared by every process
+of the session. The builder runs this file; it holds a lock on the folder, so a second builder
+started by mistake waits and then finds everything built (`prepare_assets` reuses a folder
+whose recipe matches).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from dagrl.models.demo import RECIPE_FILE, TOOL_USE, DemoRecipe, prepare_assets
+
+FOLDER_ENV = "DAGRL_SHARED_ASSETS"
+BUILD_TIMEOUT_S = 1200.0  # every set on a loaded 2-core machine, with margin
+_POLL_S = 0.5
+_LOG = "builder.log"
+_LOCK = "builder.lock"
+RM_FIGURES = "reward_model_figures.json"  # in the demo set: what the reward model measured
+
+
+@dataclass(frozen=True)
+class AssetSet:
+    """One shared set: a folder of demo assets built from a recipe (and, for the demo set, the
+    tiny reward model beside its policy)."""
+
+    name: str
+    tool_use: float = 0.0
+    with_reward_model: bool = False
+
+
+# In the order the builder makes them: the demo set first (most e2e modules read it).
+SETS = (AssetSet("demo", with_reward_model=True), AssetSet("tool", tool_use=TOOL_USE))
+# The reward model the e2e tier trains against: a third of the demo's steps, a quarter of its
+# sampled prompts (tests/e2e/test_model_rewards.py reads its figures).
+RM_STEPS = 200
+RM_POLICY_PROMPTS = 128
+
+
+def _recipe_json(asset_set: AssetSet) -> str:
+    recipe = DemoRecipe.for_tests(tool_use=asset_set.tool_use)
+    return json.dumps(dataclasses.asdict(recipe), sort_keys=True)
+
+
+def _is_built(folder: Path, asset_set: AssetSet) -> bool:
+    marker = folder / asset_set.name / RECIPE_FILE
+    if not marker.is_file() or marker.read_text() != _recipe_json(asset_set):
+        return False
+    return not asset_set.with_reward_model or (folder / asset_set.name / RM_FIGURES).is_file()
+
+
+class SharedAssets:
+    """The session's folder of shared sets and the builder process making them."""
+
+    def __init__(self, folder: Path, builder: subprocess.Popen[bytes] | None) -> None:
+        self.folder = folder
+        self.builder = builder
+
+    @classmethod
+    def start(cls) -> SharedAssets:
+        """A new session folder and its builder, started now (it runs in the background)."""
+        folder = Path(tempfile.mkdtemp(prefix="dagrl-shared-assets-"))
+        os.environ[FOLDER_ENV] = str(folder)  # xdist workers and child processes find it
+        with (folder / _LOG).open("wb") as log:
+            builder = subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), str(folder)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        return cls(folder, builder)
+
+    def wait(self, name: str, timeout_s: float = BUILD_TIMEOUT_S) -> Path:
+        """The folder of set `name` once built; raises with the builder's log if it failed."""
+        asset_set = next(s for s in SETS if s.name == name)
+        deadline = time.monotonic() + timeout_s
+        while not _is_built(self.folder, asset_set):
+            exited = self.builder is not None and self.builder.poll() is not None
+            if exited and not _is_built(self.folder, asset_set):
+                raise RuntimeError(f"the shared test assets' builder exited "
+                                   f"({self.builder.returncode if self.builder else '?'}) "
+                                   f"without building {name!r}:\n{self._log_tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the shared test assets {name!r} were not built in "
+                                   f"{timeout_s:.0f} s:\n{self._log_tail()}")
+            time.sleep(_POLL_S)
+        return self.folder / name
+
+    def stop(self) -> None:
+        """Stop the builder if it still runs and remove the folder (only the process that
+        started the builder owns them)."""
+        if self.builder is None:
+            return
+        if self.builder.poll() is None:
+            self.builder.kill()
+            self.builder.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _log_tail(self) -> str:
+        log = self.folder / _LOG
+        return log.read_text(errors="replace")[-4000:] if log.is_file() else "(no log)"
+
+
+def build_all(folder: Path) -> None:
+    """Build every set into `folder`, in order, under the folder's lock."""
+    from dagrl.models.reward_model import RewardModelRecipe, prepare_reward_model
+
+    with (folder / _LOCK).open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for asset_set in SETS:
+            if _is_built(folder, asset_set):
+                continue
+            started = time.perf_counter()
+            target = folder / asset_set.name
+            prepare_assets(target, DemoRecipe.for_tests(tool_use=asset_set.tool_use))
+            if asset_set.with_reward_model:
+                figures = prepare_reward_model(target, RewardModelRecipe(
+                    steps=RM_STEPS, policy_prompts=RM_POLICY_PROMPTS))
+                (target / RM_FIGURES).write_text(json.dumps(figures))
+            print(f"{asset_set.name}: built in {time.perf_counter() - started:.1f} s",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    os.nice(10)  # behind the tests running beside it: some time what they wait for
+    build_all(Path(sys.argv[1]))
