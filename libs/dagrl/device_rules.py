@@ -20,7 +20,10 @@ cluster (a GPU driver on its machine). What a rank decides for its device once i
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 from dagrl.config import FSDPConfig, JobConfig
 from dagrl.errors import ConfigError
@@ -38,10 +41,25 @@ class DeviceFacts:
 
 def local_facts(where: str = "this machine") -> DeviceFacts:
     """This process's GPUs (what torch sees: CUDA_VISIBLE_DEVICES applies) and packages."""
-    import torch  # here, not at the top: the scheduler reads its facts from Ray, not torch
-
-    return DeviceFacts(torch.cuda.device_count(), where, is_importable("flash_attn"),
+    return DeviceFacts(cuda_device_count(), where, is_importable("flash_attn"),
                        is_importable("liger_kernel"))
+
+
+def cuda_device_count() -> int:
+    """The CUDA devices torch would see here. Importing torch takes over a second, so a machine
+    with no GPU driver (no /proc/driver/nvidia, no nvidia-smi, no ROCm's /dev/kfd) or with
+    CUDA_VISIBLE_DEVICES empty answers 0 without it: `dagrl config` and `dagrl run`'s checks
+    stay quick on a CPU machine. Elsewhere torch counts (not at import: the scheduler reads
+    its facts from Ray)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        return 0
+    drivers = (Path("/proc/driver/nvidia").exists(), Path("/dev/kfd").exists(),
+               shutil.which("nvidia-smi") is not None)
+    if not any(drivers):
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def is_importable(package: str) -> bool:

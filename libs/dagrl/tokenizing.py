@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+if TYPE_CHECKING:  # transformers takes seconds to import: only where a tokenizer is loaded
+    from transformers import PreTrainedTokenizerBase
 
 
 def encode_chat_prompt(
@@ -44,6 +46,8 @@ def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> PreT
     generic class is therefore loaded as exactly the serialized tokenizer; every other
     checkpoint goes through `AutoTokenizer` as usual.
     """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
     folder = Path(path)
     config_file = folder / "tokenizer_config.json"
     declared = None

@@ -85,3 +85,18 @@ def test_trainer_device_follows_the_gpus_the_caller_knows_of_only_when_auto(
         setting: str, gpus_available: bool, kind: str) -> None:
     assert resolve_device(setting, gpus_available) == kind
     assert wants_gpu(setting, gpus_available) is (kind == "cuda")
+
+
+def test_the_gpu_count_without_torch_is_torchs_count_here() -> None:
+    import torch
+
+    from dagrl.device_rules import cuda_device_count
+
+    assert cuda_device_count() == torch.cuda.device_count()
+
+
+def test_no_visible_device_is_zero_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dagrl.device_rules import cuda_device_count
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert cuda_device_count() == 0

@@ -14,14 +14,16 @@ The scheduler does not call this: it never reads a path a request names.
 from __future__ import annotations
 
 from pathlib import Path
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from dagrl.config import DataConfig, JobConfig
 from dagrl.data.parquet import REQUIRED_COLUMNS, read_parquet
 from dagrl.data.prompt_dataset import OVERLONG_BY_TRUNCATION, PromptDataset, record_messages
 from dagrl.errors import ConfigError, DatasetError
 from dagrl.tokenizing import load_tokenizer
+
+if TYPE_CHECKING:  # transformers takes seconds to import: the CLI reads this module
+    from transformers import PreTrainedTokenizerBase
 
 # a file's first row problems are listed; the rest are counted
 MAX_LISTED_PER_FILE = 10

@@ -17,15 +17,16 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any, Literal
 
 from dagrl.batch import schema as fields
 from dagrl.data.parquet import REQUIRED_COLUMNS, read_parquet
 from dagrl.data.tasks import Record
 from dagrl.errors import DatasetError
 from dagrl.tokenizing import encode_chat_prompt
+
+if TYPE_CHECKING:  # transformers takes seconds to import: the CLI reads this module
+    from transformers import PreTrainedTokenizerBase
 
 # What to do with a prompt longer than max_prompt_length.
 Overlong = Literal["error", "truncate_left", "filter"]
