@@ -16,25 +16,12 @@ from tests.shared_assets import FOLDER_ENV, SharedAssets
 _SHARED: list[SharedAssets] = []  # this session's, once started
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """Under pytest-xdist the controller collects nothing: it starts the builder itself, before
-    its workers start (they inherit `FOLDER_ENV` and wait for what they read), unless the
-    marker expression leaves the e2e tier out."""
-    is_controller = (session.config.pluginmanager.hasplugin("dsession")
-                     and not hasattr(session.config, "workerinput"))
-    if is_controller and "not e2e" not in (session.config.option.markexpr or ""):
-        _start_once()
-
-
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start building the shared assets as soon as e2e tests are known to run: the builder
     works beside the unit and integration tiers, which run first."""
+    if _SHARED or os.environ.get(FOLDER_ENV):
+        return  # started, or given (DAGRL_SHARED_ASSETS: a folder built before)
     if any(item.get_closest_marker("e2e") for item in session.items):
-        _start_once()
-
-
-def _start_once() -> None:
-    if not _SHARED and not os.environ.get(FOLDER_ENV):
         _SHARED.append(SharedAssets.start())
 
 

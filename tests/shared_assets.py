@@ -79,7 +79,7 @@ class SharedAssets:
     def start(cls) -> SharedAssets:
         """A new session folder and its builder, started now (it runs in the background)."""
         folder = Path(tempfile.mkdtemp(prefix="dagrl-shared-assets-"))
-        os.environ[FOLDER_ENV] = str(folder)  # xdist workers and child processes find it
+        os.environ[FOLDER_ENV] = str(folder)  # child processes of the session find it
         with (folder / _LOG).open("wb") as log:
             builder = subprocess.Popen(
                 [sys.executable, str(Path(__file__).resolve()), str(folder)],
