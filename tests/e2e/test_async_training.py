@@ -26,6 +26,12 @@ pytestmark = pytest.mark.e2e
 QUIET = {"val_before_train": False, "test_freq": -1}
 BEHAVIOUR_LOG_PROBS = {"actor.use_rollout_log_probs": True}
 ACCURACY_STEPS = 24  # validation accuracy must rise >= 10 points in these
+# partial rollout: few, long, hot samples, so that generating a step (one token at a time)
+# outlasts training one (all tokens at once)
+PARTIAL_DATA = {"train_batch_size": 4, "max_response_length": 128}
+PARTIAL_POLICY = {**BEHAVIOUR_LOG_PROBS, "rollout.partial": True, "rollout.n": 4,
+                  "rollout.temperature": 8.0, "actor.ppo_mini_batch_size": 4,
+                  "actor.ppo_micro_batch_size_per_rank": 16}
 
 
 def split_plan(workflow: str = "grpo") -> scheduler_pb2.Plan:
@@ -152,3 +158,26 @@ def test_stale_samples_leave_the_loss() -> None:
     assert guarded.tensors["response_mask"].sum(dim=1).tolist() == [3, 3, 0, 0]
     assert sink.value("async/stale_dropped") == 2.0
     assert sink.value("async/staleness/max") == 3.0
+
+
+def test_partial_rollout_takes_new_weights_mid_generation(ray_session: None, assets: Path,
+                                                          redis_server: LocalRedis,
+                                                          tmp_path: Path) -> None:
+    """`rollout.partial`: the rollout of step t + 1, running while step t trains, loads the
+    weights step t publishes between two tokens (the board, polled over Ray) and continues
+    its samples; every trained token stays within the bound."""
+    steps = 6
+    _, outcome = run_job(assets, redis_server, tmp_path, plan=split_plan(),
+                         trainer={"total_training_steps": steps, "max_staleness": 1, **QUIET},
+                         data=PARTIAL_DATA, actor_rollout_ref=PARTIAL_POLICY)
+    assert outcome.state == JobState.SUCCEEDED, outcome.reason
+    loads = series(outcome, "rollout/in_flight_weight_loads")
+    continued = series(outcome, "rollout/continued_samples")
+    assert len(loads) == steps and sum(loads) >= 1, loads
+    assert sum(continued) >= 1, continued
+    assert sum(series(outcome, "async/stale_dropped_tokens")) == 0.0
+    assert max(series(outcome, "async/staleness/max")) <= 1.0
+    for step, rows in read_trained(tmp_path / "ckpt" / "runs").items():
+        versions = [v for row in rows for v in row["rollout_versions"]]
+        assert versions and all(step - 2 <= v <= step - 1 for v in versions), (step, versions)
+    assert all(math.isfinite(x) for x in series(outcome, "actor/pg_loss"))

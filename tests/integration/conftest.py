@@ -186,3 +186,11 @@ def references(text: str, services: Mapping[str, Any]) -> list[tuple[str, int]]:
     """Every `service:port` in `text` that names a compose service."""
     names = "|".join(re.escape(n) for n in sorted(services, key=len, reverse=True))
     return [(m[1], int(m[2])) for m in re.finditer(rf"(?<![\w.-])({names}):(\d+)", text)]
+
+
+@pytest.fixture(scope="module")
+def vllm_policies(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Two tiny policies a vLLM engine runs: before and after an update (`vllm_tiny`)."""
+    from .vllm_tiny import two_policies
+
+    return two_policies(tmp_path_factory.mktemp)

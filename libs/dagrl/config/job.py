@@ -297,6 +297,11 @@ class RolloutConfig(SamplingConfig, LogProbMicroBatches):
                        "step and the sample's uid")
     cpu_kv_cache_gb: float = option(1.0, "vllm on CPU: KV cache size in GiB "
                                     "(VLLM_CPU_KVCACHE_SPACE)")
+    partial: bool = option(
+        False, "asynchronous training (trainer.max_staleness): a policy published while a "
+        "rollout node generates is loaded between two tokens, and every unfinished sample "
+        "continues from its prefix under it; each token records its version and log-prob "
+        "(single-turn rollout nodes; docs/async.md)")
 
     def check(self) -> list[str]:
         problems = [*sampling_problems(self), *_below_one(self, LOG_PROB_COUNTS)]
@@ -592,6 +597,11 @@ class JobConfig:
     def _async_problems(self) -> list[str]:
         staleness = self.trainer.max_staleness
         if staleness is None:
+            if self.actor_rollout_ref.rollout.partial:
+                return ["actor_rollout_ref.rollout.partial loads weights published while the "
+                        "rollout side generates, which only asynchronous training does: set "
+                        "trainer.max_staleness (1: the next step's rollout runs while this one "
+                        "trains, and takes its weights mid-way)"]
             return []
         if not self.splits_rollout:
             return ["trainer.max_staleness needs the rollout side on ranks of its own: leave "

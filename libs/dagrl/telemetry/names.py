@@ -174,6 +174,10 @@ KEY_OLD_LOG_PROB_SKIPPED: Final = "actor/old_log_prob_pass_skipped"  # 1: rollou
 KEY_ASYNC_STALENESS_MEAN: Final = "async/staleness/mean"  # versions behind, mean over samples
 KEY_ASYNC_STALENESS_MAX: Final = "async/staleness/max"
 KEY_ASYNC_STALE_DROPPED: Final = "async/stale_dropped"  # samples beyond the bound, not trained
+KEY_ASYNC_STALE_DROPPED_TOKENS: Final = "async/stale_dropped_tokens"  # tokens beyond it
+# rollout.partial: versions loaded while a rollout generated, samples continued under them
+KEY_ROLLOUT_IN_FLIGHT_LOADS: Final = "rollout/in_flight_weight_loads"
+KEY_ROLLOUT_CONTINUED_SAMPLES: Final = "rollout/continued_samples"
 KEY_ASYNC_ROLLOUT_IDLE: Final = "async/rollout_idle_s"  # s the rollout side waited for weights
 KEY_ASYNC_TRAINER_IDLE: Final = "async/trainer_idle_s"  # s the training side waited for data
 KEY_ASYNC_QUEUE_DEPTH: Final = "async/queue_depth"  # steps generated, not yet trained

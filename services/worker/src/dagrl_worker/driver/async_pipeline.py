@@ -39,6 +39,7 @@ from dagrl import telemetry
 from dagrl.telemetry import names
 from dagrl_worker.driver.training_loop import LoopParts, is_save_step, is_test_step
 from dagrl_worker.rank.async_training.rank_sides import RankSides
+from dagrl_worker.rank.async_training.weight_board import WeightBoard
 
 WAIT_SLICE_S = 1.0  # how often the loop looks at cancellation while tasks run
 
@@ -71,11 +72,18 @@ class StepRecord:
 class Pipeline:
     """The pipelined training loop (`training_loop.TrainingLoop`)."""
 
-    def __init__(self, parts: LoopParts, sides: RankSides, max_staleness: int) -> None:
+    def __init__(self, parts: LoopParts, sides: RankSides, max_staleness: int,
+                 partial: bool = False) -> None:
+        """`partial` (`rollout.partial`): every published version also goes on a board the
+        rollout ranks poll while generating, so a rollout in flight takes it mid-way."""
         self.parts = parts
         self.group = parts.group
         self.sides = sides
         self.k = max_staleness
+        self.board: Any = None
+        if partial:
+            self.board = WeightBoard.remote()  # type: ignore[attr-defined]
+            self.group.watch_weights(sides.rollout, self.board)
 
     def run(self, first_step: int, total: int) -> None:
         self._begin(first_step, total)
@@ -157,6 +165,8 @@ class Pipeline:
         self.training = None
         self.trained = task.step
         self.published = (task.step, self.group.publish_weights(self.sides.training))
+        if self.board is not None:  # a rollout in flight loads it between two tokens
+            self.board.post.remote(task.step, self.published[1])
         now = time.perf_counter()
         self.trainer_idle_since = now
         record = self.steps.pop(task.step)

@@ -136,7 +136,8 @@ class Driver:
         if staleness is None:
             return SynchronousLoop(parts)
         sides = rank_sides(self.spec.workflow(), self.spec.plan_view())
-        return Pipeline(parts, sides, staleness)
+        return Pipeline(parts, sides, staleness,
+                        partial=self.config.actor_rollout_ref.rollout.partial)
 
     def _end(self, state: JobState, reason: str = "") -> JobOutcome:
         self.outcome.state, self.outcome.reason = state, reason

@@ -259,6 +259,10 @@ class WorkerGroup:
         before their next call; the calls' references."""
         return [w.receive_weights.remote(version, *published) for w in self.ranks(ranks)]
 
+    def watch_weights(self, ranks: Sequence[int], board: Any) -> None:
+        """`ranks` poll `board` (a `WeightBoard`) for newer weights while they generate."""
+        ray.get([w.watch_weights.remote(board) for w in self.ranks(ranks)])
+
 
 def ray_options(ray_address: str | None, world_size: int) -> dict[str, Any]:
     """`ray.init` arguments: join `ray_address`, or start a new private Ray ("local", never a

@@ -14,6 +14,7 @@ from typing import Any
 import ray
 
 from dagrl.rendezvous import rendezvous_file
+from dagrl_worker.rank.async_training.weight_board import board_poll
 from dagrl_worker.rank.async_training.weight_publish import Published
 from dagrl_worker.rank.dag_worker import DAGWorker
 from dagrl_worker.rank.dataflow import open_shard_store
@@ -83,6 +84,11 @@ class DAGWorkerActor:
     def receive_weights(self, version: int, *published: Published) -> int:
         # Ray resolves each top-level ObjectRef argument to its value before the call
         return self.worker.receive_weights(version, *published)
+
+    def watch_weights(self, board: Any) -> None:
+        """rollout.partial: poll `board` (a `WeightBoard`) for newer weights while
+        generating."""
+        self.worker.watch_weights(board_poll(board))
 
     def flush_telemetry(self) -> bool:
         return self.worker.flush_telemetry()

@@ -13,7 +13,8 @@ Asynchronous training (`trainer.max_staleness`, the driver's pipeline) calls `ru
 the rollout side's ranks ahead of the training side's; the trained weights then travel by
 `publish_weights` (training side, after its step) and `receive_weights` (rollout side,
 before the step that may use them) instead of the end-of-step sync
-(`async_training.policy_versions`).
+(`async_training.policy_versions`). With `rollout.partial` the rollout side also
+`watch_weights`: its rollouts load newer weights while they generate.
 
 A step walks this rank's nodes (`graph_runner`), syncs the trained weights (`weight_sync`),
 offloads the engines and reports a metric summary; no batch data goes back to the driver.
@@ -35,6 +36,7 @@ from dagrl.errors import ConfigError, FailedPreconditionError
 from dagrl.job_rules import check_planned_job
 from dagrl_databuffer.keys import validation_namespace
 from dagrl_worker.rank import checkpoint_files
+from dagrl_worker.rank.async_training.in_flight import Poll
 from dagrl_worker.rank.async_training.rank_sides import rank_sides
 from dagrl_worker.rank.async_training.weight_publish import Published
 from dagrl_worker.rank.checkpoint import resume_folder
@@ -189,6 +191,14 @@ class DAGWorker:
     def receive_weights(self, version: int, *published: Published) -> int:
         """Asynchronous training, rollout side between steps (`PolicyVersions.receive`)."""
         return self.parts.policy.receive(version, self.models, published)
+
+    def watch_weights(self, poll: Poll) -> None:
+        """Asynchronous training with `rollout.partial`, rollout side: newer weights load while
+        a rollout generates, from what `poll` offers (`async_training.in_flight`)."""
+        if not self.config.actor_rollout_ref.rollout.partial:
+            raise FailedPreconditionError("watch_weights is for actor_rollout_ref.rollout."
+                                          "partial; this job does not set it")
+        self.parts.policy.watch(self.models, poll)
 
     def flush_telemetry(self) -> bool:
         """Export every span still queued (the driver calls this before stopping the rank)."""

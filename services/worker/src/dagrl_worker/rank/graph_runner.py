@@ -68,7 +68,8 @@ class GraphRunner:
             lambda node_id, rnd: self.regenerate(step, node_id, rnd))
         return StepContext(step, self.rank, self.config, sink, self.kl_controller,
                            regenerate=regenerate, validating=validating,
-                           policy_version=self.policy.version)
+                           policy_version=self.policy.version,
+                           in_flight=None if validating else self.policy.in_flight)
 
     def walk(self, ctx: StepContext, global_prompts: PromptRows, nodes: list[str],
              router: EdgeRouter, tag: str = "") -> None:

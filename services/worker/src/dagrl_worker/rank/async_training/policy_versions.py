@@ -18,6 +18,7 @@ import time
 from dagrl import telemetry
 from dagrl.batch import Batch
 from dagrl.batch import schema as fields
+from dagrl_worker.rank.async_training.in_flight import InFlightLoader, Poll
 from dagrl_worker.rank.async_training.sample_ledger import SampleLedger
 from dagrl_worker.rank.async_training.staleness import (
     guard_staleness,
@@ -40,6 +41,8 @@ class PolicyVersions:
         self.attempt = attempt
         self.version = version
         self.pending = MetricSink()
+        # a rollout rank with rollout.partial: newer weights while it generates (`in_flight`)
+        self.in_flight: InFlightLoader | None = None
 
     @property
     def is_async(self) -> bool:
@@ -91,10 +94,19 @@ class PolicyVersions:
                          Reduce.MAX)
         return published
 
+    def watch(self, models: dict[int, AgentModels], poll: Poll) -> None:
+        """On a rollout rank with `rollout.partial`: its rollouts ask `poll` for newer
+        versions while they generate (`in_flight.InFlightLoader`)."""
+        self.in_flight = InFlightLoader(self, models, poll)
+
     def receive(self, version: int, models: dict[int, AgentModels],
                 published: tuple[Published, ...]) -> int:
-        """On the rollout side between steps: load the trainers' `published` models (policy
-        `version`); the next steps generate with them. Returns the bytes loaded."""
+        """On the rollout side: load the trainers' `published` models (policy `version`);
+        what generates next uses them. Between steps (the driver's call), or mid-generation
+        (`in_flight`). A version this rank already holds (loaded mid-generation) is not
+        loaded again. Returns the bytes loaded."""
+        if version <= self.version:
+            return 0
         started = time.perf_counter()
         with telemetry.phase_span(telemetry.SPAN_WEIGHT_SYNC) as span:
             moved = sum(load_published(models, one) for one in published)

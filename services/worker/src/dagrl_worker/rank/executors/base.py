@@ -26,6 +26,7 @@ from dagrl.config import JobConfig
 from dagrl.errors import InvalidInputError
 from dagrl_worker.rank.rewards.scorers import Judge, RewardModel
 from dagrl_worker.rank.rollout import RolloutBackend
+from dagrl_worker.rank.rollout.base import InFlightWeights
 from dagrl_worker.rank.training.engine import TrainEngine
 from dagrl_worker.rank.training.parallel import DataParallel
 from dagrl_worker.rank.weight_layout import TensorSpec
@@ -72,6 +73,9 @@ class StepContext:
     # updates behind the policy weights this rank holds (`staleness`): a rollout's samples
     # carry it, an update compares its samples' versions with it
     policy_version: int = 0
+    # rollout.partial on a rollout rank of an asynchronous run: newer weights a rollout
+    # loads while it generates (`InFlightWeights`); None: the weights stay for the step
+    in_flight: InFlightWeights | None = None
 
 
 class UnsupportedNodeError(InvalidInputError):

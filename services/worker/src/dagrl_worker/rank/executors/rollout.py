@@ -62,6 +62,19 @@ class RolloutSampling:
         return dataclasses.replace(params, seed=step_seed(self.seed, ctx.step, ctx.validating))
 
 
+def record_continued(out: Batch, ctx: StepContext) -> None:
+    """`rollout/continued_samples`: the samples of an interruptible rollout whose tokens came
+    from more than one policy version (they were continued under newer weights)."""
+    if fields.ROLLOUT_TOKEN_VERSIONS not in out or len(out) == 0:
+        return
+    versions = out.tensors[fields.ROLLOUT_TOKEN_VERSIONS]  # [B, R]
+    on_policy = out.tensors[fields.RESPONSE_MASK].bool()  # [B, R]
+    newest = versions.masked_fill(~on_policy, -1).max(dim=1).values  # [B]
+    oldest = versions.masked_fill(~on_policy, 2**62).min(dim=1).values  # [B]
+    continued = on_policy.any(dim=1) & (newest > oldest)  # [B]
+    ctx.sink.add(telemetry.KEY_ROLLOUT_CONTINUED_SAMPLES, float(continued.sum()), Reduce.SUM)
+
+
 class RolloutExecutor:
     def __init__(self, node_id: str, backend: RolloutBackend, sampling: RolloutSampling) -> None:
         self.node_id = node_id
@@ -72,7 +85,14 @@ class RolloutExecutor:
         RolloutInputs.of(batch, self.node_id)  # checked here; the backend samples the Batch
         params = self.sampling.at(ctx)
         with telemetry.phase_span(telemetry.SPAN_ROLLOUT_GENERATE) as span, ctx.sink.compute():
-            out = self.backend.generate(batch, params)
+            if ctx.in_flight is None:
+                out = self.backend.generate(batch, params)
+            else:  # rollout.partial: newer weights may load between two tokens
+                loads = ctx.in_flight.loads
+                out = self.backend.generate(batch, params, ctx.in_flight)
+                ctx.sink.add(telemetry.KEY_ROLLOUT_IN_FLIGHT_LOADS,
+                             float(ctx.in_flight.loads - loads), Reduce.MAX)
+                record_continued(out, ctx)
             # frees the engine's memory while the rank trains (GPU); a training step's weight
             # sync comes before its next generation, a validation pass's does not
             self.backend.sleep(weights_follow=not ctx.validating)

@@ -12,6 +12,8 @@ column (uid made unique per sample, group_id kept) plus:
     position_ids   [B*n, P+R]  positions that skip left padding
     rollout_log_probs [B*n, R] each sampled token's log-prob under the sampling distribution
                                (temperature, top-k/top-p applied; 0 off the response mask)
+    rollout_token_versions [B*n, R]  only from an interruptible generation (`InFlightWeights`):
+                               the policy version that produced each token
 
 A backend also takes the policy's new weights after every actor update (`update_weights`,
 named tensors in Hugging Face names, bucket by bucket: `DAGWorker._sync_weights` is the one
@@ -58,8 +60,41 @@ class SamplingParams:
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
 
 
+class InFlightWeights(Protocol):
+    """Newer policy weights that may arrive while a rollout generates (`rollout.partial`).
+
+    A backend given one asks `newer()` between decoding steps; when it says yes, the backend
+    pauses, calls `load()` (which puts the newest published weights into this rank's engines
+    through `update_weights` and returns their version) and continues every unfinished sample
+    from the tokens it already has. Each response token then records the version that
+    produced it (`rollout_token_versions`) beside its log-prob.
+    """
+
+    @property
+    def version(self) -> int:
+        """The version of the weights the engines hold now."""
+        ...
+
+    @property
+    def loads(self) -> int:
+        """How many versions `load` has loaded so far."""
+        ...
+
+    def newer(self) -> bool:
+        """Whether a version newer than `version` is waiting (cheap: asked every token)."""
+        ...
+
+    def load(self) -> int:
+        """Load the newest waiting version into the engines; returns it."""
+        ...
+
+
 class RolloutBackend(Protocol):
-    def generate(self, prompts: Batch, params: SamplingParams) -> Batch: ...
+    def generate(self, prompts: Batch, params: SamplingParams,
+                 in_flight: InFlightWeights | None = None) -> Batch:
+        """`in_flight`: interruptible generation (`InFlightWeights`); None: the weights stay
+        as they are until the call returns."""
+        ...
 
     @property
     def shares_actor_weights(self) -> bool:
@@ -110,15 +145,21 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 def rollout_batch(samples: Batch, responses: torch.Tensor, response_mask: torch.Tensor,
                   response_attention: torch.Tensor, rollout_log_probs: torch.Tensor | None = None,
-                  extra: dict[str, torch.Tensor] | None = None) -> Batch:
+                  extra: dict[str, torch.Tensor] | None = None,
+                  token_versions: torch.Tensor | None = None) -> Batch:
     """The layout every backend returns (module docstring), from the prompt rows `samples`
     (`prompt_ids`, `prompt_mask` [B, P]) and what was generated after them.
 
     `response_attention` [B, R] is 1 on every real response token: the policy's, and in a
     multi-turn rollout also the environment's (which `response_mask` leaves out of the loss).
     `rollout_log_probs` [B, R] (0 off the policy's tokens) is left out when not given (a
-    backend that cannot report them).
+    backend that cannot report them). `token_versions` [B, R]: the policy version that
+    produced each token, from an interruptible generation (`InFlightWeights`); kept on the
+    policy's tokens, 0 elsewhere.
     """
+    if token_versions is not None:
+        extra = {fields.ROLLOUT_TOKEN_VERSIONS: torch.where(
+            response_mask.bool(), token_versions.long(), 0), **(extra or {})}
     if rollout_log_probs is not None:
         on_policy = response_mask.bool()  # where(): a padded step's log-prob may be -inf
         extra = {fields.ROLLOUT_LOG_PROBS: torch.where(on_policy, rollout_log_probs.float(), 0.0),

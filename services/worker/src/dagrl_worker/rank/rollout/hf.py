@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 
 import torch
 from transformers import (
@@ -27,6 +28,8 @@ from transformers import (
     LogitsProcessorList,
     PreTrainedModel,
     PreTrainedTokenizerBase,
+    StoppingCriteria,
+    StoppingCriteriaList,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -35,6 +38,7 @@ from transformers import (
 from dagrl.batch import Batch
 from dagrl.batch import schema as fields
 from dagrl_worker.rank.rollout.base import (
+    InFlightWeights,
     NamedTensors,
     SamplingParams,
     response_mask_until_eos,
@@ -63,18 +67,21 @@ class HFRollout:
     def shares_actor_weights(self) -> bool:
         return self._shares_actor_weights
 
-    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+    def generate(self, prompts: Batch, params: SamplingParams,
+                 in_flight: InFlightWeights | None = None) -> Batch:
         samples = prompts.repeat_interleave(params.n)
         prompt_ids = samples.tensors[fields.PROMPT_IDS]  # [B, P]
         prompt_mask = samples.tensors[fields.PROMPT_MASK]  # [B, P]
-        seeds = None  # the process's RNG, unless each sample draws from its own seed
+        generators = None  # the process's RNG, unless each sample draws from its own seed
         if params.do_sample and params.seed is not None and params.seed_each_sample:
-            seeds = [sample_seed(params.seed, uid) for uid in samples.uids]
-        responses, log_probs = self._sample(prompt_ids, prompt_mask, params, seeds)  # [B, R] x2
-        response_mask = response_mask_until_eos(responses, self.eos_token_id)  # [B, R]
-        responses = torch.where(response_mask.bool(), responses, self.pad_token_id)
+            generators = [torch.Generator().manual_seed(sample_seed(params.seed, uid))
+                          for uid in samples.uids]
+        sampled = self._sample(prompt_ids, prompt_mask, params, generators, in_flight)
+        response_mask = response_mask_until_eos(sampled.responses, self.eos_token_id)  # [B, R]
+        responses = torch.where(response_mask.bool(), sampled.responses, self.pad_token_id)
         return rollout_batch(samples, responses, response_mask, response_mask,
-                             rollout_log_probs=log_probs)
+                             rollout_log_probs=sampled.log_probs,
+                             token_versions=sampled.versions)
 
     @torch.no_grad()
     def update_weights(self, weights: NamedTensors) -> None:
@@ -93,44 +100,76 @@ class HFRollout:
 
     @torch.no_grad()
     def _sample(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                params: SamplingParams, seeds: list[int] | None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`seeds`: one per row to draw each row from its own (`_SeededDraw`), or None for the
-        process's RNG (or greedy decoding)."""
-        width = params.max_new_tokens
-        if prompt_ids.shape[0] == 0:  # an empty shard (fewer groups than ranks): nothing to run
-            return torch.zeros((0, width), dtype=torch.long), torch.zeros((0, width))
-        recorder = _SampledLogProbs(prompt_ids.shape[1])
+                params: SamplingParams, generators: list[torch.Generator] | None,
+                in_flight: InFlightWeights | None) -> _Sampled:
+        """`generators`: one per row to draw each row from its own (`_SeededDraw`), or None
+        for the process's RNG (or greedy decoding).
+
+        Generates in segments: one, unless `in_flight` offers newer weights mid-way. Then the
+        segment stops after the current token, the newer weights load, and the rows still
+        unfinished continue from prompt + the tokens they have (prefilled again under the new
+        weights: the KV cache of the old ones is stale), each keeping its own generator.
+        """
+        rows, width = prompt_ids.shape[0], params.max_new_tokens
+        responses = torch.full((rows, width), self.pad_token_id, dtype=torch.long)  # [B, R]
+        log_probs = torch.zeros(rows, width)  # [B, R]
+        versions = (None if in_flight is None
+                    else torch.full((rows, width), in_flight.version, dtype=torch.long))
+        active = torch.arange(rows)  # the rows still generating, each with `done` tokens
+        done = 0
+        while len(active) and done < width:
+            interrupt = None if in_flight is None else _StopForNewerWeights(in_flight)
+            segment_gens = None if generators is None else [generators[i] for i in active]
+            tokens, token_log_probs = self._segment(
+                torch.cat([prompt_ids[active], responses[active, :done]], dim=1),
+                torch.cat([prompt_mask[active],
+                           torch.ones(len(active), done, dtype=prompt_mask.dtype)], dim=1),
+                params, width - done, segment_gens, interrupt)  # [A, n] x2
+            made = tokens.shape[1]
+            responses[active, done:done + made] = tokens
+            log_probs[active, done:done + made] = token_log_probs
+            if interrupt is None or not interrupt.fired:
+                break
+            done += made
+            active = active[~(tokens == self.eos_token_id).any(dim=1)]
+            version = in_flight.load()  # type: ignore[union-attr]
+            versions[active, done:] = version  # type: ignore[index]
+        return _Sampled(responses, log_probs, versions)
+
+    def _segment(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 params: SamplingParams, max_new_tokens: int,
+                 generators: list[torch.Generator] | None,
+                 interrupt: _StopForNewerWeights | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Up to `max_new_tokens` after `input_ids` (left-padded prompt, then the tokens a
+        row already has): the tokens and their log-probs, [A, n] each (n: until every row
+        ended, or `interrupt` fired)."""
+        recorder = _SampledLogProbs(input_ids.shape[1])
         processors = _warpers(params, recorder)
-        if seeds is not None:
-            processors.append(_SeededDraw(seeds))
+        if generators is not None:
+            processors.append(_SeededDraw(generators))
         was_training = self.module.training
         self.module.eval()
         try:
             with self.compute():
                 device = next(self.module.parameters()).device
                 output = self.module.generate(  # type: ignore[operator]
-                    input_ids=prompt_ids.to(device),
-                    attention_mask=prompt_mask.to(device),
-                    generation_config=self._generation_config(params, greedy=seeds is not None),
+                    input_ids=input_ids.to(device),
+                    attention_mask=attention_mask.to(device),
+                    generation_config=self._generation_config(
+                        params, max_new_tokens, greedy=generators is not None),
                     logits_processor=processors,
+                    stopping_criteria=StoppingCriteriaList([interrupt] if interrupt else []),
                 )
         finally:
             self.module.train(was_training)
-        responses = output[:, prompt_ids.shape[1]:].cpu()  # [B, <=R]
-        log_probs = recorder.finish(output).cpu()  # [B, <=R]
-        missing = width - responses.shape[1]
-        if missing > 0:  # every row stopped early: pad to the fixed width R
-            responses = torch.cat([responses, torch.full((responses.shape[0], missing),
-                                                         self.pad_token_id)], dim=1)
-            log_probs = torch.cat([log_probs, torch.zeros(log_probs.shape[0], missing)], dim=1)
-        return responses, log_probs
+        return output[:, input_ids.shape[1]:].cpu(), recorder.finish(output).cpu()
 
-    def _generation_config(self, params: SamplingParams, greedy: bool) -> GenerationConfig:
+    def _generation_config(self, params: SamplingParams, max_new_tokens: int,
+                           greedy: bool) -> GenerationConfig:
         """No warpers of its own: `_warpers` applies them before the log-prob recorder.
         `greedy`: taking the token `_SeededDraw` has already drawn."""
         return GenerationConfig(
-            max_new_tokens=params.max_new_tokens,
+            max_new_tokens=max_new_tokens,
             do_sample=params.do_sample and not greedy,
             pad_token_id=self.pad_token_id,
             eos_token_id=self.eos_token_id,
@@ -203,8 +242,10 @@ class _SeededDraw(LogitsProcessor):
     shared-RNG draw it replaces (`bench/seeded_draw.py`).
     """
 
-    def __init__(self, seeds: list[int]) -> None:
-        self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+    def __init__(self, generators: list[torch.Generator]) -> None:
+        """One generator per row, seeded from the row's sample (`sample_seed`); a row
+        continued after new weights loaded keeps drawing from its own."""
+        self.generators = generators
 
     def __call__(self, input_ids: torch.LongTensor,
                  scores: torch.FloatTensor) -> torch.FloatTensor:
@@ -217,3 +258,25 @@ class _SeededDraw(LogitsProcessor):
             max=scores.shape[-1] - 1)  # [B, 1]
         chosen = torch.full_like(scores, float("-inf"))
         return chosen.scatter_(1, tokens, 0.0)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class _Sampled:
+    responses: torch.Tensor  # [B, R] right-padded with the pad token
+    log_probs: torch.Tensor  # [B, R] 0 after a row's end
+    versions: torch.Tensor | None  # [B, R] the version behind each token (interruptible only)
+
+
+class _StopForNewerWeights(StoppingCriteria):
+    """Ends a segment after the current token once newer weights wait (`InFlightWeights`)."""
+
+    def __init__(self, in_flight: InFlightWeights) -> None:
+        self.in_flight = in_flight
+        self.fired = False
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor,
+                 **kwargs: object) -> torch.BoolTensor:
+        if not self.fired:
+            self.fired = self.in_flight.newer()
+        return torch.full((input_ids.shape[0],), self.fired, dtype=torch.bool,
+                          device=input_ids.device)  # type: ignore[return-value]

@@ -39,9 +39,10 @@ only when a job asks for `rollout.name: vllm` (`dagrl_worker.rank.rollout.engine
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -52,6 +53,7 @@ from dagrl.batch import schema as fields
 from dagrl.config import RolloutConfig
 from dagrl.errors import ConfigError, FailedPreconditionError
 from dagrl_worker.rank.rollout.base import (
+    InFlightWeights,
     NamedTensors,
     SamplingParams,
     rollout_batch,
@@ -184,47 +186,90 @@ class VLLMRollout:
         self.sleeping: set[str] = set()  # the memory tags vLLM holds asleep
         self.weights_dropped = False  # by a level-2 sleep; until a reload brings them
         self.llm = LLM(**engine_arguments(model_path, config, dtype, is_cuda))
+        self._segments = 0  # interruptible generation's request batches, for unique ids
         self.dtype = self.llm.llm_engine.model_config.dtype  # what "auto" resolved to
 
     @property
     def shares_actor_weights(self) -> bool:
         return False
 
-    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+    def generate(self, prompts: Batch, params: SamplingParams,
+                 in_flight: InFlightWeights | None = None) -> Batch:
         samples = prompts.repeat_interleave(params.n)
         width = params.max_new_tokens
         shape = (len(samples), width)  # [B, R]
         responses = torch.full(shape, self.pad_token_id, dtype=torch.long)
         response_mask = torch.zeros(shape, dtype=torch.long)
         log_probs = torch.zeros(shape, dtype=torch.float32)
+        versions = None if in_flight is None else torch.zeros(shape, dtype=torch.long)
         if len(samples):
             self.wake_up()
-            for row, (tokens, token_log_probs) in enumerate(self._generate(samples, params)):
-                length = min(len(tokens), width)
-                responses[row, :length] = torch.tensor(tokens[:length], dtype=torch.long)
+            generated = (self._generate(samples, params) if in_flight is None
+                         else self._generate_interruptible(samples, params, in_flight))
+            for row, sample in enumerate(generated):
+                length = min(len(sample.tokens), width)
+                responses[row, :length] = torch.tensor(sample.tokens[:length], dtype=torch.long)
                 response_mask[row, :length] = 1
-                log_probs[row, :length] = torch.tensor(token_log_probs[:length])
+                log_probs[row, :length] = torch.tensor(sample.log_probs[:length])
+                if versions is not None:
+                    versions[row, :length] = torch.tensor(sample.versions[:length])
         return rollout_batch(samples, responses, response_mask, response_mask,
-                             rollout_log_probs=log_probs)
+                             rollout_log_probs=log_probs, token_versions=versions)
 
-    def _generate(self, samples: Batch, params: SamplingParams
-                  ) -> list[tuple[list[int], list[float]]]:
-        ids = samples.tensors[fields.PROMPT_IDS]  # [B, P]
-        attended = samples.tensors[fields.PROMPT_MASK].bool()  # [B, P]
-        requests: list[Any] = [{"prompt_token_ids": row[mask].tolist()}  # TokensPrompt
-                               for row, mask in zip(ids, attended, strict=True)]
+    def _generate(self, samples: Batch, params: SamplingParams) -> list[_Generated]:
+        requests = _token_prompts(samples)
         uids = samples.uids if params.seed is not None else [None] * len(samples)
         sampling = [self._sampling_params(params, uid) for uid in uids]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
-        results = []
-        for output in outputs:
-            completion = output.outputs[0]
-            tokens = list(completion.token_ids)
-            entries: list[Any] = list(completion.logprobs or [])  # one {token: Logprob} each
-            chosen = [float(entry[token].logprob)
-                      for entry, token in zip(entries, tokens, strict=True)]
-            results.append((tokens, chosen))
-        return results
+        return [_Generated(*_completion(output)) for output in outputs]
+
+    def _generate_interruptible(self, samples: Batch, params: SamplingParams,
+                                in_flight: InFlightWeights) -> list[_Generated]:
+        """`rollout.partial`: the engine stepped here, asking `in_flight` after each step.
+        When newer weights wait, every unfinished request is aborted, the weights load
+        (`update_weights`, which forgets the cached prefixes), and each aborted sample is
+        submitted again as prompt + the tokens it has, for the tokens it has left (its seed
+        derived from its uid and that length, so a rerun continues the same way)."""
+        engine = self.llm.llm_engine  # its requests' outputs are cumulative (the default)
+        prompts = [request["prompt_token_ids"] for request in _token_prompts(samples)]
+        generated = [_Generated([], [], []) for _ in prompts]
+        open_rows = list(range(len(prompts)))
+        while open_rows:
+            self._segments += 1
+            ids: dict[str, int] = {}
+            for row in open_rows:
+                sample = generated[row]
+                uid = None if params.seed is None else (
+                    samples.uids[row] if not sample.tokens
+                    else f"{samples.uids[row]}/{len(sample.tokens)}")
+                left = dataclasses.replace(
+                    params, max_new_tokens=params.max_new_tokens - len(sample.tokens))
+                request_id = f"dagrl-{self._segments}-{row}"
+                engine.add_request(
+                    request_id, {"prompt_token_ids": prompts[row] + sample.tokens},
+                    self._sampling_params(left, uid))
+                ids[request_id] = row
+            latest: dict[int, Any] = {}
+            interrupted = False
+            while engine.has_unfinished_requests():
+                for output in engine.step():
+                    latest[ids[output.request_id]] = output
+                if in_flight.newer():
+                    interrupted = True
+                    break
+            finished = set()
+            for row, output in latest.items():
+                tokens, log_probs = _completion(output)
+                generated[row].extend(tokens, log_probs, in_flight.version)
+                if output.finished:
+                    finished.add(row)
+            if not interrupted:
+                break
+            engine.abort_request([rid for rid, row in ids.items() if row not in finished])
+            in_flight.load()
+            open_rows = [row for row in open_rows if row not in finished
+                         and len(generated[row].tokens) < params.max_new_tokens]
+        return generated
 
     def _sampling_params(self, params: SamplingParams, uid: str | None) -> Any:
         from vllm import SamplingParams as EngineSamplingParams
@@ -284,6 +329,38 @@ class VLLMRollout:
         if asleep:
             self.llm.wake_up(tags=asleep)
             self.sleeping -= set(asleep)
+
+
+@dataclass
+class _Generated:
+    """One sample's tokens, their log-probs, and (interruptible) the version behind each."""
+
+    tokens: list[int]
+    log_probs: list[float]
+    versions: list[int] = field(default_factory=list)
+
+    def extend(self, tokens: list[int], log_probs: list[float], version: int) -> None:
+        self.tokens += tokens
+        self.log_probs += log_probs
+        self.versions += [version] * len(tokens)
+
+
+def _token_prompts(samples: Batch) -> list[Any]:
+    """Each sample's prompt as token ids (vLLM's TokensPrompt), left padding dropped."""
+    ids = samples.tensors[fields.PROMPT_IDS]  # [B, P]
+    attended = samples.tensors[fields.PROMPT_MASK].bool()  # [B, P]
+    return [{"prompt_token_ids": row[mask].tolist()}
+            for row, mask in zip(ids, attended, strict=True)]
+
+
+def _completion(output: Any) -> tuple[list[int], list[float]]:
+    """A request output's tokens and the log-prob of each under the distribution it was
+    drawn from."""
+    completion = output.outputs[0]
+    tokens = list(completion.token_ids)
+    entries: list[Any] = list(completion.logprobs or [])  # one {token: Logprob} each
+    return tokens, [float(entry[token].logprob)
+                    for entry, token in zip(entries, tokens, strict=True)]
 
 
 def _reload_weights(worker: Any, items: list[tuple[str, torch.Tensor]]) -> None:

