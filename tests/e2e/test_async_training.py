@@ -30,7 +30,7 @@ ACCURACY_STEPS = 24  # validation accuracy must rise >= 10 points in these
 # outlasts training one (all tokens at once)
 PARTIAL_DATA = {"train_batch_size": 4, "max_response_length": 128}
 PARTIAL_POLICY = {**BEHAVIOUR_LOG_PROBS, "rollout.partial": True, "rollout.n": 4,
-                  "rollout.temperature": 8.0, "actor.ppo_mini_batch_size": 4,
+                  "rollout.temperature": 30.0, "actor.ppo_mini_batch_size": 4,
                   "actor.ppo_micro_batch_size_per_rank": 16}
 
 

@@ -16,6 +16,7 @@ from dagrl.batch import schema as fields
 from dagrl.models import load_model_and_tokenizer
 from dagrl_worker.rank.prompts import prompts_to_batch
 from dagrl_worker.rank.rollout import SamplingParams
+from dagrl_worker.rank.rollout.samples import SampleStates
 from dagrl_worker.rank.rollout.vllm_engine import VLLMRollout
 from dagrl_worker.rank.training.model_outputs import response_log_probs
 from dagrl_worker.rank.weight_layout import plan_buckets, specs_of
@@ -96,3 +97,35 @@ def test_an_interrupted_vllm_generation_continues_from_its_prefix(
         long_enough = lengths > SWITCH
         assert torch.equal(tail.tensors[fields.RESPONSES][long_enough],
                            responses[long_enough, SWITCH:])
+
+
+def test_vllm_advance_stops_at_a_group_quota_and_a_later_call_continues_the_rest(
+        vllm_policies: tuple[Path, Path]) -> None:
+    """`advance` with `quota_groups` on vLLM: the group carried in with most of its tokens
+    completes first and the engine stops there (the other requests aborted, their tokens
+    kept); a later call finishes them, as an uninterrupted greedy run would."""
+    old, _ = vllm_policies
+    engine = tiny_engine(old)
+    greedy = SamplingParams(n=2, max_new_tokens=WIDTH, do_sample=False)
+    prompts = _prompts(["12+34=", "7+5=", "400+21="])
+    straight = engine.generate(prompts, greedy)  # type: ignore[arg-type]
+    responses = straight.tensors[fields.RESPONSES]
+    lengths = straight.tensors[fields.RESPONSE_MASK].sum(dim=1)
+    assert bool((lengths == WIDTH).all())  # the random policy runs to the budget
+
+    states = SampleStates.fresh(prompts.repeat_interleave(2), WIDTH,  # type: ignore[attr-defined]
+                                engine.pad_token_id)
+    carried = WIDTH - 3
+    for row in (0, 1):
+        states.record(row, responses[row, :carried].tolist(), [0.0] * carried, version=0,
+                      ended=False)
+    engine.advance(states, greedy, quota_groups=1)
+    assert states.complete_groups() == [states.prompts.group_ids[0]]
+    drawn = states.lengths[2:].clone()
+    assert bool((drawn > 0).all()) and bool((drawn <= 3).all()), states.lengths
+    assert not bool(states.finished[2:].any())
+
+    engine.advance(states, greedy)
+    assert bool(states.finished.all())
+    out = states.to_batch(with_versions=False)
+    assert torch.equal(out.tensors[fields.RESPONSES], responses)

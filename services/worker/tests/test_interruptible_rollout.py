@@ -15,6 +15,7 @@ from dagrl.models import load_model_and_tokenizer
 from dagrl.tokenizing import encode_chat_prompt
 from dagrl_worker.rank.prompts import prompts_to_batch
 from dagrl_worker.rank.rollout import HFRollout, SamplingParams
+from dagrl_worker.rank.rollout.samples import SampleStates
 from dagrl_worker.rank.training.model_outputs import response_log_probs
 
 WIDTH = 10  # tokens a response may have
@@ -144,3 +145,41 @@ def test_an_offer_at_the_edges_loses_no_token(tiny_checkpoint: Path, offered_at:
         assert bool((versions[:, 1:][mask[:, 1:]] == 1).all())
     long_enough = mask.sum(dim=1)
     assert int(long_enough.max()) > offered_at or offered_at > WIDTH
+
+
+def test_advance_stops_at_a_group_quota_and_a_later_call_continues_the_rest(
+        tiny_checkpoint: Path) -> None:
+    """`advance` with `quota_groups`: the group whose samples already had most of their
+    tokens completes first and generation stops there; the others keep what they drew, and a
+    later call finishes them from it, exactly as an uninterrupted greedy run would."""
+    model, tokenizer = load_model_and_tokenizer(tiny_checkpoint)
+    backend = HFRollout(model, tokenizer)
+    greedy = SamplingParams(n=2, max_new_tokens=WIDTH, do_sample=False)
+    prompts = _prompts(tokenizer)
+    straight = backend.generate(prompts, greedy)
+    responses = straight.tensors[fields.RESPONSES]  # [6, R]
+    lengths = straight.tensors[fields.RESPONSE_MASK].sum(dim=1)
+    assert bool((lengths > WIDTH - 3).all())  # the tiny policy runs to (near) the budget
+
+    states = SampleStates.fresh(prompts.repeat_interleave(2), WIDTH, backend.pad_token_id)
+    carried = WIDTH - 3
+    for row in (0, 1):  # the first prompt's samples carried in with most of their tokens
+        states.record(row, responses[row, :carried].tolist(), [0.0] * carried, version=0,
+                      ended=False)
+    backend.advance(states, greedy, quota_groups=1)
+    first_group = prompts.group_ids[0]
+    assert states.complete_groups() == [first_group]
+    drawn = states.lengths[2:].clone()
+    assert bool((drawn > 0).all()) and bool((drawn <= 3).all()), states.lengths
+    assert not bool(states.finished[2:].any())
+    before = states.tokens.clone()
+
+    backend.advance(states, greedy)
+    assert bool(states.finished.all()) and len(states.complete_groups()) == 3
+    for row in range(2, 6):  # what it drew is kept, and the rest follows from it
+        assert torch.equal(states.tokens[row, :int(drawn[row - 2])],
+                           before[row, :int(drawn[row - 2])])
+    out = states.to_batch(with_versions=False)
+    assert torch.equal(out.tensors[fields.RESPONSES], responses)
+    assert torch.equal(out.tensors[fields.RESPONSE_MASK],
+                       straight.tensors[fields.RESPONSE_MASK])

@@ -90,6 +90,8 @@ class InFlightWeights(Protocol):
 
 
 class RolloutBackend(Protocol):
+    pad_token_id: int
+
     def generate(self, prompts: Batch, params: SamplingParams,
                  in_flight: InFlightWeights | None = None) -> Batch:
         """`in_flight`: interruptible generation (`InFlightWeights`); None: the weights stay

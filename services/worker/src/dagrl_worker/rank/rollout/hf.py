@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 
 import torch
 from transformers import (
@@ -41,10 +40,9 @@ from dagrl_worker.rank.rollout.base import (
     InFlightWeights,
     NamedTensors,
     SamplingParams,
-    response_mask_until_eos,
-    rollout_batch,
     sample_seed,
 )
+from dagrl_worker.rank.rollout.samples import SampleStates
 
 
 class HFRollout:
@@ -69,19 +67,10 @@ class HFRollout:
 
     def generate(self, prompts: Batch, params: SamplingParams,
                  in_flight: InFlightWeights | None = None) -> Batch:
-        samples = prompts.repeat_interleave(params.n)
-        prompt_ids = samples.tensors[fields.PROMPT_IDS]  # [B, P]
-        prompt_mask = samples.tensors[fields.PROMPT_MASK]  # [B, P]
-        generators = None  # the process's RNG, unless each sample draws from its own seed
-        if params.do_sample and params.seed is not None and params.seed_each_sample:
-            generators = [torch.Generator().manual_seed(sample_seed(params.seed, uid))
-                          for uid in samples.uids]
-        sampled = self._sample(prompt_ids, prompt_mask, params, generators, in_flight)
-        response_mask = response_mask_until_eos(sampled.responses, self.eos_token_id)  # [B, R]
-        responses = torch.where(response_mask.bool(), sampled.responses, self.pad_token_id)
-        return rollout_batch(samples, responses, response_mask, response_mask,
-                             rollout_log_probs=sampled.log_probs,
-                             token_versions=sampled.versions)
+        states = SampleStates.fresh(prompts.repeat_interleave(params.n), params.max_new_tokens,
+                                    self.pad_token_id)
+        self.advance(states, params, in_flight)
+        return states.to_batch(with_versions=in_flight is not None)
 
     @torch.no_grad()
     def update_weights(self, weights: NamedTensors) -> None:
@@ -99,50 +88,49 @@ class HFRollout:
         """Nothing to restore (see `sleep`)."""
 
     @torch.no_grad()
-    def _sample(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                params: SamplingParams, generators: list[torch.Generator] | None,
-                in_flight: InFlightWeights | None) -> _Sampled:
-        """`generators`: one per row to draw each row from its own (`_SeededDraw`), or None
-        for the process's RNG (or greedy decoding).
+    def advance(self, states: SampleStates, params: SamplingParams,
+                in_flight: InFlightWeights | None = None, quota_groups: int | None = None
+                ) -> None:
+        """Extend the unfinished rows of `states` until each one finishes, or (`quota_groups`)
+        until that many groups are complete.
 
         Generates in segments: one, unless `in_flight` offers newer weights mid-way. Then the
         segment stops after the current token, the newer weights load, and the rows still
         unfinished continue from prompt + the tokens they have (prefilled again under the new
-        weights: the KV cache of the old ones is stale), each keeping its own generator.
+        weights: the KV cache of the old ones is stale), each keeping its own generator. Rows
+        that already have tokens (carried from an earlier step) start the same way.
         """
-        rows, width = prompt_ids.shape[0], params.max_new_tokens
-        responses = torch.full((rows, width), self.pad_token_id, dtype=torch.long)  # [B, R]
-        log_probs = torch.zeros(rows, width)  # [B, R]
-        versions = (None if in_flight is None
-                    else torch.full((rows, width), in_flight.version, dtype=torch.long))
-        active = torch.arange(rows)  # the rows still generating, each with `done` tokens
-        done = 0
-        while len(active) and done < width:
-            interrupt = None if in_flight is None else _StopForNewerWeights(in_flight)
-            segment_gens = None if generators is None else [generators[i] for i in active]
-            tokens, token_log_probs = self._segment(
-                torch.cat([prompt_ids[active], responses[active, :done]], dim=1),
-                torch.cat([prompt_mask[active],
-                           torch.ones(len(active), done, dtype=prompt_mask.dtype)], dim=1),
-                params, width - done, segment_gens, interrupt)  # [A, n] x2
-            made = tokens.shape[1]
-            responses[active, done:done + made] = tokens
-            log_probs[active, done:done + made] = token_log_probs
-            if interrupt is None or not interrupt.fired:
-                break
-            done += made
-            active = active[~(tokens == self.eos_token_id).any(dim=1)]
-            version = in_flight.load()  # type: ignore[union-attr]
-            versions[active, done:] = version  # type: ignore[index]
-        return _Sampled(responses, log_probs, versions)
+        generators = None  # the process's RNG, unless each sample draws from its own seed
+        if params.do_sample and params.seed is not None and params.seed_each_sample:
+            generators = {row: torch.Generator().manual_seed(sample_seed(params.seed, uid))
+                          for row, uid in enumerate(states.prompts.uids)}
+        version = 0 if in_flight is None else in_flight.version
+        groups = _group_index(states)
+        while len(rows := states.open_rows()):
+            stops = _SegmentStops(states, rows, groups, quota_groups, in_flight,
+                                  self.eos_token_id)
+            input_ids, attention_mask = _prefixed(states, rows)
+            tokens, log_probs = self._segment(
+                input_ids, attention_mask, params, int(stops.budgets.max()),
+                None if generators is None else [generators[int(r)] for r in rows], stops)
+            for i, row in enumerate(rows.tolist()):
+                drawn = tokens[i, :int(stops.budgets[i])]
+                ends = torch.nonzero(drawn == self.eos_token_id).flatten()
+                count = int(ends[0]) + 1 if len(ends) else len(drawn)
+                states.record(row, drawn[:count].tolist(), log_probs[i, :count].tolist(),
+                              version, ended=bool(len(ends)))
+            if stops.interrupted:
+                version = in_flight.load()  # type: ignore[union-attr]
+            if not stops.interrupted or stops.enough:
+                return
 
     def _segment(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                  params: SamplingParams, max_new_tokens: int,
                  generators: list[torch.Generator] | None,
-                 interrupt: _StopForNewerWeights | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Up to `max_new_tokens` after `input_ids` (left-padded prompt, then the tokens a
-        row already has): the tokens and their log-probs, [A, n] each (n: until every row
-        ended, or `interrupt` fired)."""
+                 stops: StoppingCriteria) -> tuple[torch.Tensor, torch.Tensor]:
+        """Up to `max_new_tokens` after `input_ids` (prompt then the tokens a row already
+        has, left-padded): the tokens and their log-probs, [U, n] each (n: until every row
+        ended, or `stops` ended them all)."""
         recorder = _SampledLogProbs(input_ids.shape[1])
         processors = _warpers(params, recorder)
         if generators is not None:
@@ -158,7 +146,7 @@ class HFRollout:
                     generation_config=self._generation_config(
                         params, max_new_tokens, greedy=generators is not None),
                     logits_processor=processors,
-                    stopping_criteria=StoppingCriteriaList([interrupt] if interrupt else []),
+                    stopping_criteria=StoppingCriteriaList([stops]),
                 )
         finally:
             self.module.train(was_training)
@@ -260,23 +248,62 @@ class _SeededDraw(LogitsProcessor):
         return chosen.scatter_(1, tokens, 0.0)  # type: ignore[return-value]
 
 
-@dataclass(frozen=True)
-class _Sampled:
-    responses: torch.Tensor  # [B, R] right-padded with the pad token
-    log_probs: torch.Tensor  # [B, R] 0 after a row's end
-    versions: torch.Tensor | None  # [B, R] the version behind each token (interruptible only)
+def _group_index(states: SampleStates) -> torch.Tensor:
+    """[S] each row's group as a number (rows of one prompt share it)."""
+    numbers: dict[str, int] = {}
+    return torch.tensor([numbers.setdefault(g, len(numbers)) for g in states.prompts.group_ids],
+                        dtype=torch.long)
 
 
-class _StopForNewerWeights(StoppingCriteria):
-    """Ends a segment after the current token once newer weights wait (`InFlightWeights`)."""
+def _prefixed(states: SampleStates, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompt + the tokens so far of each of `rows`, left-padded: (ids, mask), [U, W] each."""
+    prompt_ids = states.prompts.tensors[fields.PROMPT_IDS]  # [S, P]
+    prompt_mask = states.prompts.tensors[fields.PROMPT_MASK]  # [S, P]
+    lengths = states.lengths[rows]  # [U]
+    width = prompt_ids.shape[1] + int(lengths.max())
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows.tolist()):
+        tokens = torch.cat([prompt_ids[row][prompt_mask[row].bool()],
+                            states.tokens[row, :int(lengths[i])]])
+        ids[i, width - len(tokens):] = tokens
+        mask[i, width - len(tokens):] = 1
+    return ids, mask
 
-    def __init__(self, in_flight: InFlightWeights) -> None:
+
+class _SegmentStops(StoppingCriteria):
+    """When the rows of one segment stop, beside EOS (which `generate` handles): each at its
+    response budget; all of them once newer weights wait (`InFlightWeights`), or once
+    `quota_groups` groups are complete (`enough`)."""
+
+    def __init__(self, states: SampleStates, rows: torch.Tensor, groups: torch.Tensor,
+                 quota_groups: int | None, in_flight: InFlightWeights | None,
+                 eos_token_id: int) -> None:
+        self.states, self.rows, self.groups = states, rows, groups
+        self.eos_token_id = eos_token_id
+        self.quota_groups = quota_groups
         self.in_flight = in_flight
-        self.fired = False
+        self.budgets = states.width - states.lengths[rows]  # [U]
+        self.start: int | None = None
+        self.eos_seen = torch.zeros(len(rows), dtype=torch.bool)
+        self.interrupted = self.enough = False
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor,
                  **kwargs: object) -> torch.BoolTensor:
-        if not self.fired:
-            self.fired = self.in_flight.newer()
-        return torch.full((input_ids.shape[0],), self.fired, dtype=torch.bool,
-                          device=input_ids.device)  # type: ignore[return-value]
+        if self.start is None:  # the first call comes after the first new token
+            self.start = input_ids.shape[1] - 1
+        drawn = input_ids.shape[1] - self.start
+        last = input_ids[:, -1].cpu()
+        done = drawn >= self.budgets  # [U]
+        if self.in_flight is not None and not self.interrupted:
+            self.interrupted = self.in_flight.newer()
+        if self.quota_groups is not None and not self.enough:
+            self.eos_seen |= last == self.eos_token_id
+            finished = self.states.finished.clone()
+            finished[self.rows] = self.eos_seen | done
+            open_groups = torch.unique(self.groups[~finished])
+            complete = len(torch.unique(self.groups)) - len(open_groups)
+            self.enough = complete >= self.quota_groups
+        if self.interrupted or self.enough:
+            done = torch.ones_like(done)
+        return done.to(input_ids.device)  # type: ignore[return-value]

@@ -42,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -56,9 +56,9 @@ from dagrl_worker.rank.rollout.base import (
     InFlightWeights,
     NamedTensors,
     SamplingParams,
-    rollout_batch,
     sample_seed,
 )
+from dagrl_worker.rank.rollout.samples import SampleStates
 
 _ENVIRONMENT = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core runs in this process
@@ -195,81 +195,68 @@ class VLLMRollout:
 
     def generate(self, prompts: Batch, params: SamplingParams,
                  in_flight: InFlightWeights | None = None) -> Batch:
-        samples = prompts.repeat_interleave(params.n)
-        width = params.max_new_tokens
-        shape = (len(samples), width)  # [B, R]
-        responses = torch.full(shape, self.pad_token_id, dtype=torch.long)
-        response_mask = torch.zeros(shape, dtype=torch.long)
-        log_probs = torch.zeros(shape, dtype=torch.float32)
-        versions = None if in_flight is None else torch.zeros(shape, dtype=torch.long)
-        if len(samples):
+        states = SampleStates.fresh(prompts.repeat_interleave(params.n), params.max_new_tokens,
+                                    self.pad_token_id)
+        if len(states) and in_flight is None:  # vLLM's own loop, every sample to its end
             self.wake_up()
-            generated = (self._generate(samples, params) if in_flight is None
-                         else self._generate_interruptible(samples, params, in_flight))
-            for row, sample in enumerate(generated):
-                length = min(len(sample.tokens), width)
-                responses[row, :length] = torch.tensor(sample.tokens[:length], dtype=torch.long)
-                response_mask[row, :length] = 1
-                log_probs[row, :length] = torch.tensor(sample.log_probs[:length])
-                if versions is not None:
-                    versions[row, :length] = torch.tensor(sample.versions[:length])
-        return rollout_batch(samples, responses, response_mask, response_mask,
-                             rollout_log_probs=log_probs, token_versions=versions)
+            requests = _token_prompts(states.prompts)
+            uids = states.prompts.uids if params.seed is not None else [None] * len(states)
+            outputs = self.llm.generate(
+                requests, [self._sampling_params(params, uid) for uid in uids], use_tqdm=False)
+            for row, output in enumerate(outputs):
+                states.record(row, *_completion(output), version=0, ended=True)
+        elif len(states):
+            self.advance(states, params, in_flight)
+        return states.to_batch(with_versions=in_flight is not None)
 
-    def _generate(self, samples: Batch, params: SamplingParams) -> list[_Generated]:
-        requests = _token_prompts(samples)
-        uids = samples.uids if params.seed is not None else [None] * len(samples)
-        sampling = [self._sampling_params(params, uid) for uid in uids]
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
-        return [_Generated(*_completion(output)) for output in outputs]
-
-    def _generate_interruptible(self, samples: Batch, params: SamplingParams,
-                                in_flight: InFlightWeights) -> list[_Generated]:
-        """`rollout.partial`: the engine stepped here, asking `in_flight` after each step.
-        When newer weights wait, every unfinished request is aborted, the weights load
-        (`update_weights`, which forgets the cached prefixes), and each aborted sample is
-        submitted again as prompt + the tokens it has, for the tokens it has left (its seed
-        derived from its uid and that length, so a rerun continues the same way)."""
+    def advance(self, states: SampleStates, params: SamplingParams,
+                in_flight: InFlightWeights | None = None, quota_groups: int | None = None
+                ) -> None:
+        """Extend the unfinished rows of `states` until each one finishes, or (`quota_groups`)
+        until that many groups are complete, stepping the engine here and asking `in_flight`
+        after each step. When newer weights wait, every unfinished request is aborted, the
+        weights load (`update_weights`, which forgets the cached prefixes), and each aborted
+        sample is submitted again as prompt + the tokens it has, for the tokens it has left
+        (its seed derived from its uid and that length, so a rerun continues the same way).
+        Rows carried from an earlier step start the same way."""
+        self.wake_up()
         engine = self.llm.llm_engine  # its requests' outputs are cumulative (the default)
-        prompts = [request["prompt_token_ids"] for request in _token_prompts(samples)]
-        generated = [_Generated([], [], []) for _ in prompts]
-        open_rows = list(range(len(prompts)))
-        while open_rows:
+        prompts = [request["prompt_token_ids"] for request in _token_prompts(states.prompts)]
+        version = 0 if in_flight is None else in_flight.version
+        while len(rows := states.open_rows().tolist()):
             self._segments += 1
             ids: dict[str, int] = {}
-            for row in open_rows:
-                sample = generated[row]
+            for row in rows:
+                done = int(states.lengths[row])
                 uid = None if params.seed is None else (
-                    samples.uids[row] if not sample.tokens
-                    else f"{samples.uids[row]}/{len(sample.tokens)}")
-                left = dataclasses.replace(
-                    params, max_new_tokens=params.max_new_tokens - len(sample.tokens))
+                    states.prompts.uids[row] if not done else f"{states.prompts.uids[row]}/{done}")
+                left = dataclasses.replace(params, max_new_tokens=states.width - done)
                 request_id = f"dagrl-{self._segments}-{row}"
                 engine.add_request(
-                    request_id, {"prompt_token_ids": prompts[row] + sample.tokens},
+                    request_id,
+                    {"prompt_token_ids": prompts[row] + states.tokens[row, :done].tolist()},
                     self._sampling_params(left, uid))
                 ids[request_id] = row
             latest: dict[int, Any] = {}
-            interrupted = False
+            interrupted = enough = False
             while engine.has_unfinished_requests():
                 for output in engine.step():
                     latest[ids[output.request_id]] = output
-                if in_flight.newer():
-                    interrupted = True
+                interrupted = in_flight is not None and in_flight.newer()
+                enough = quota_groups is not None and _complete_groups(
+                    states, {row for row, out in latest.items() if out.finished}) >= quota_groups
+                if interrupted or enough:
                     break
-            finished = set()
             for row, output in latest.items():
-                tokens, log_probs = _completion(output)
-                generated[row].extend(tokens, log_probs, in_flight.version)
-                if output.finished:
-                    finished.add(row)
-            if not interrupted:
-                break
-            engine.abort_request([rid for rid, row in ids.items() if row not in finished])
-            in_flight.load()
-            open_rows = [row for row in open_rows if row not in finished
-                         and len(generated[row].tokens) < params.max_new_tokens]
-        return generated
+                states.record(row, *_completion(output), version=version,
+                              ended=bool(output.finished))
+            if interrupted or enough:
+                engine.abort_request([rid for rid, row in ids.items()
+                                      if not bool(states.finished[row])])
+            if interrupted:
+                version = in_flight.load()  # type: ignore[union-attr]
+            if not interrupted or enough:
+                return
 
     def _sampling_params(self, params: SamplingParams, uid: str | None) -> Any:
         from vllm import SamplingParams as EngineSamplingParams
@@ -331,18 +318,11 @@ class VLLMRollout:
             self.sleeping -= set(asleep)
 
 
-@dataclass
-class _Generated:
-    """One sample's tokens, their log-probs, and (interruptible) the version behind each."""
-
-    tokens: list[int]
-    log_probs: list[float]
-    versions: list[int] = field(default_factory=list)
-
-    def extend(self, tokens: list[int], log_probs: list[float], version: int) -> None:
-        self.tokens += tokens
-        self.log_probs += log_probs
-        self.versions += [version] * len(tokens)
+def _complete_groups(states: SampleStates, finishing: set[int]) -> int:
+    """Groups of `states` all of whose rows are finished, counting rows `finishing` as so."""
+    open_groups = {group for row, group in enumerate(states.prompts.group_ids)
+                   if not bool(states.finished[row]) and row not in finishing}
+    return len(set(states.prompts.group_ids) - open_groups)
 
 
 def _token_prompts(samples: Batch) -> list[Any]:

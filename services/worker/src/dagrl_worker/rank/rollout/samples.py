@@ -1,0 +1,133 @@
+"""Samples in the middle of being generated: what a partial rollout keeps between steps.
+
+`SampleStates` holds one row per sample: its prompt (the prompt columns and the left-padded
+`prompt_ids` / `prompt_mask`), the response tokens it has so far with their log-probs and
+the policy version behind each, its length, and whether it is finished (EOS, or the response
+budget used up). A backend's `advance` extends the unfinished rows until they finish, loading
+newer weights between two tokens (`InFlightWeights`), or until enough groups are complete
+(`quota_groups`); `to_batch` turns the rows into the rollout layout (`rollout_batch`).
+Every `generate` runs through it. The quota is for the streaming half of issue #34 (a step
+that hands over the groups that finished and carries the others, tokens and all, into the
+next one), which no executor does yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from dagrl.batch import Batch
+from dagrl.batch import schema as fields
+from dagrl.batch.core import concat
+from dagrl.batch.layout import pad_to_widths
+from dagrl_worker.rank.rollout.base import (
+    InFlightWeights,
+    RolloutBackend,
+    SamplingParams,
+    rollout_batch,
+)
+
+
+@dataclass
+class SampleStates:
+    prompts: Batch  # one row per sample: prompt columns, prompt_ids / prompt_mask [S, P]
+    tokens: torch.Tensor  # [S, R] the response so far, then the pad token
+    log_probs: torch.Tensor  # [S, R] each token's log-prob under the weights that drew it
+    versions: torch.Tensor  # [S, R] the policy version behind each token
+    lengths: torch.Tensor  # [S] tokens so far
+    finished: torch.Tensor  # [S] bool: EOS drawn, or all R tokens used
+
+    @classmethod
+    def fresh(cls, samples: Batch, width: int, pad_token_id: int) -> SampleStates:
+        """No token yet for each row of `samples` (prompts, one row per sample)."""
+        rows = len(samples)
+        return cls(samples,
+                   torch.full((rows, width), pad_token_id, dtype=torch.long),
+                   torch.zeros(rows, width), torch.zeros(rows, width, dtype=torch.long),
+                   torch.zeros(rows, dtype=torch.long), torch.zeros(rows, dtype=torch.bool))
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    @property
+    def width(self) -> int:
+        """R: the most tokens a response may have."""
+        return int(self.tokens.shape[1])
+
+    def open_rows(self) -> torch.Tensor:
+        """[U] the rows still generating."""
+        return torch.nonzero(~self.finished).flatten()
+
+    def record(self, row: int, tokens: Sequence[int], log_probs: Sequence[float],
+               version: int, ended: bool) -> None:
+        """`tokens` drawn after row `row`'s current ones (`ended`: the last is EOS)."""
+        start = int(self.lengths[row])
+        count = min(len(tokens), self.width - start)
+        stop = start + count
+        self.tokens[row, start:stop] = torch.as_tensor(list(tokens[:count]), dtype=torch.long)
+        self.log_probs[row, start:stop] = torch.as_tensor(list(log_probs[:count]),
+                                                          dtype=torch.float32)
+        self.versions[row, start:stop] = version
+        self.lengths[row] = stop
+        self.finished[row] = bool(ended) or stop >= self.width
+
+    def complete_groups(self) -> list[str]:
+        """The groups (prompts) every sample of which is finished, in row order."""
+        open_groups = {g for g, done in zip(self.prompts.group_ids, self.finished.tolist(),
+                                            strict=True) if not done}
+        return list(dict.fromkeys(g for g in self.prompts.group_ids if g not in open_groups))
+
+    def select(self, rows: Sequence[int] | torch.Tensor) -> SampleStates:
+        index = torch.as_tensor(rows, dtype=torch.long)
+        return SampleStates(self.prompts.select(index), self.tokens[index],
+                            self.log_probs[index], self.versions[index], self.lengths[index],
+                            self.finished[index])
+
+    def split_groups(self, groups: Sequence[str]) -> tuple[SampleStates, SampleStates]:
+        """(the rows of `groups`, in the order `groups` names them; the other rows)."""
+        by_group: dict[str, list[int]] = {}
+        for row, group in enumerate(self.prompts.group_ids):
+            by_group.setdefault(group, []).append(row)
+        chosen = [row for group in groups for row in by_group[group]]
+        taken = set(chosen)
+        return self.select(chosen), self.select([r for r in range(len(self)) if r not in taken])
+
+    def to_batch(self, with_versions: bool) -> Batch:
+        """The rollout layout of these rows (`rollout_batch`); `with_versions` adds each
+        token's version (`rollout_token_versions`)."""
+        positions = torch.arange(self.width)[None, :]  # [1, R]
+        mask = (positions < self.lengths[:, None]).long()  # [S, R]
+        batch = rollout_batch(self.prompts, self.tokens, mask, mask,
+                              rollout_log_probs=self.log_probs,
+                              token_versions=self.versions if with_versions else None)
+        if not with_versions:
+            return batch
+        # a sample's version is its oldest token's (a carried one started under older weights)
+        oldest = self.versions.masked_fill(~mask.bool(), 2**62).min(dim=1).values  # [S]
+        fallback = self.versions[:, 0] if self.width else torch.zeros(len(self), dtype=torch.long)
+        return batch.with_fields(tensors={fields.ROLLOUT_VERSION: torch.where(
+            self.lengths > 0, oldest, fallback)})
+
+
+def join(parts: Sequence[SampleStates]) -> SampleStates:
+    """The rows of every part in order; prompts padded on the left to the widest."""
+    parts = [p for p in parts if len(p)] or list(parts[:1])
+    width = max(int(p.prompts.tensors[fields.PROMPT_IDS].shape[1]) for p in parts)
+    prompts = concat([pad_to_widths(p.prompts, width, None) for p in parts])
+    return SampleStates(prompts, *(torch.cat([getattr(p, name) for p in parts])
+                                   for name in ("tokens", "log_probs", "versions", "lengths",
+                                                "finished")))
+
+
+class AdvancingBackend(RolloutBackend, Protocol):
+    """A backend that extends samples in progress (`hf` and `vllm` both do)."""
+
+    def advance(self, states: SampleStates, params: SamplingParams,
+                in_flight: InFlightWeights | None = None,
+                quota_groups: int | None = None) -> None:
+        """Extend the unfinished rows of `states` until each finishes or `quota_groups`
+        groups are complete; rows with tokens continue from them."""
+        ...
