@@ -30,12 +30,13 @@ import os
 from collections.abc import Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypedDict, TypeVar
-
-import aiohttp
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from dagrl.errors import RewardError
 from dagrl.urls import http_url_problem, redact_url, redact_urls
+
+if TYPE_CHECKING:
+    import aiohttp
 
 MAX_REPLY_BYTES = 64 * 1024 * 1024  # a reply larger than this is refused, not read into memory
 _RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -94,6 +95,8 @@ class RemoteRewardClient:
         return [score for chunk_scores in scores for score in chunk_scores]
 
     async def _score_all(self, bodies: list[bytes], sizes: list[int]) -> list[list[float]]:
+        import aiohttp  # here: a rank whose job has no remote reward never loads it
+
         connector = aiohttp.TCPConnector(limit=self.settings.max_concurrency)
         async with aiohttp.ClientSession(connector=connector, headers=self.headers,
                                          auto_decompress=False, trust_env=False) as session:
@@ -124,6 +127,8 @@ class RemoteRewardClient:
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def _post(self, session: aiohttp.ClientSession, body: bytes) -> bytes:
+        import aiohttp
+
         timeout = aiohttp.ClientTimeout(total=self.settings.timeout_s)
         try:
             async with session.post(self.settings.url, data=body, timeout=timeout,

@@ -30,7 +30,6 @@ from dagrl.job_rules import read_options
 from dagrl.node_kinds import executor_kind
 from dagrl.refs import resolve_ref
 from dagrl.workflow import Node
-from dagrl_worker.rank.executors.agent import AgentRolloutExecutor, gateway_limits
 from dagrl_worker.rank.executors.base import (
     AgentModels,
     Executor,
@@ -209,6 +208,9 @@ def _rollout_executor(node: Node, models: AgentModels, backend: RolloutBackend,
     sampling = RolloutSampling.of(config)
     if options.agent is not None:  # a user's agent program against the endpoint
         program = cast(Any, resolve_ref(options.agent, kind="callable"))  # checked when run
+        # imported here: the agent gateway's HTTP stack loads only in jobs with agent programs
+        from dagrl_worker.rank.executors.agent import AgentRolloutExecutor, gateway_limits
+
         return AgentRolloutExecutor(backend, models.tokenizer, options, program, sampling,
                                     gateway_limits(options, config.data))
     rollout: Executor = RolloutExecutor(node.node_id, backend, sampling)

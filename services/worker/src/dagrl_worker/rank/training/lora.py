@@ -19,24 +19,19 @@ around the engine; it does not train (`TrainEngine` and `ppo` do, unchanged):
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from peft import (
-    LoraConfig,
-    PeftModel,
-    get_peft_model,
-    get_peft_model_state_dict,
-    set_peft_model_state_dict,
-)
-from peft.tuners.lora import Linear as LoraLinear
-from peft.tuners.lora import LoraLayer
 from safetensors.torch import load_file, save_file
 
 from dagrl.config import ModelConfig
 from dagrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 ADAPTER = "default"  # peft's name for the one adapter dagrl trains
 ADAPTER_FOLDER = "adapter"  # beside the merged HF model in a checkpoint's actor folder
@@ -52,6 +47,10 @@ NamedTensors = Iterator[tuple[str, torch.Tensor]]
 def with_lora(module: torch.nn.Module, model: ModelConfig) -> PeftModel:
     """`module` with fresh LoRA adapters (B = 0: the wrapped model computes what the base
     does). ConfigError when a target is not a linear layer."""
+    from peft import LoraConfig, get_peft_model
+    from peft.tuners.lora import Linear as LoraLinear
+    from peft.tuners.lora import LoraLayer
+
     targets: str | list[str] = (model.target_modules if isinstance(model.target_modules, str)
                                 else list(model.target_modules))
     config = LoraConfig(r=model.lora_rank, lora_alpha=model.lora_alpha,
@@ -72,11 +71,17 @@ def with_lora(module: torch.nn.Module, model: ModelConfig) -> PeftModel:
 
 
 def is_lora(module: torch.nn.Module) -> bool:
-    return isinstance(module, PeftModel)
+    """Whether `module` carries adapters. peft is imported only by a job with LoRA
+    (`with_lora`), so where it was never imported no module can be a PeftModel: ranks of the
+    other jobs skip its import (a quarter of a second each)."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(module, peft.PeftModel)
 
 
 def scalings(module: PeftModel) -> dict[str, float]:
     """Each adapted layer's s = lora_alpha / r, by its name in the base model."""
+    from peft.tuners.lora import Linear as LoraLinear
+
     found = {}
     for name, layer in module.named_modules():
         if isinstance(layer, LoraLinear):
@@ -123,21 +128,23 @@ def _base_name(name: str) -> str:
 
 def base_model(module: torch.nn.Module) -> torch.nn.Module:
     """The model under the adapters (its config, its HF class); `module` itself otherwise."""
-    return module.get_base_model() if isinstance(module, PeftModel) else module
+    return module.get_base_model() if is_lora(module) else module  # type: ignore[operator]
 
 
 @contextlib.contextmanager
 def adapters_disabled(module: torch.nn.Module) -> Iterator[None]:
     """Forward passes inside compute the base model: the reference policy."""
-    if not isinstance(module, PeftModel):
+    if not is_lora(module):
         raise TypeError(f"{type(module).__name__} has no LoRA adapters")
-    with module.disable_adapter():
+    with module.disable_adapter():  # type: ignore[operator]
         yield
 
 
 def adapter_state(module: PeftModel, full_state: dict[str, torch.Tensor]
                   ) -> dict[str, torch.Tensor]:
     """The adapter's tensors out of the module's full state dict, named as peft saves them."""
+    from peft import get_peft_model_state_dict
+
     return get_peft_model_state_dict(module, state_dict=full_state, adapter_name=ADAPTER)
 
 
@@ -157,6 +164,8 @@ def load_adapter(module: PeftModel, folder: Path) -> None:
         raise ConfigError(f"{folder} holds no LoRA adapter (adapter_model.safetensors): the "
                           "checkpoint was written without LoRA; resume it with lora_rank: 0 "
                           "or start a new run")
+    from peft import set_peft_model_state_dict
+
     state = load_file(str(path))
     try:
         result: Any = set_peft_model_state_dict(module, state, adapter_name=ADAPTER)

@@ -1,0 +1,32 @@
+"""What a process loads before it needs it: every rank process of every job imports the rank
+side, and every `dagrl` command the CLI, so an optional stack imported there costs each of
+them its import time (peft ~0.3 s, aiohttp ~0.2 s, transformers ~3 s). They load only where a
+job uses them: peft with `model.lora_rank`, aiohttp with a remote reward or an agent program,
+vLLM with `rollout.name: vllm`, transformers and torch once the CLI reads a tokenizer or runs a
+job."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration  # a fresh interpreter: sys.modules as a new process has it
+
+PROBE = """
+import json, sys
+import dagrl.cli.main
+cli = sorted(m for m in ("torch", "transformers") if m in sys.modules)
+import dagrl_worker.rank.actors
+rank = sorted(m for m in ("peft", "aiohttp", "vllm") if m in sys.modules)
+print(json.dumps({"cli": cli, "rank": rank}))
+"""
+
+
+def test_the_cli_and_the_rank_side_load_no_optional_stack_at_import() -> None:
+    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
+                          timeout=120, check=True)
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert loaded == {"cli": [], "rank": []}, loaded
