@@ -11,9 +11,30 @@ from pathlib import Path
 import pytest
 
 from dagrl.local import LocalRedis
-from tests.shared_assets import FOLDER_ENV, SharedAssets
+from tests.shared_assets import FOLDER_ENV, SETS, SharedAssets
 
 _SHARED: list[SharedAssets] = []  # this session's, once started
+# the e2e fixtures that read a shared set (tests/e2e/conftest.py), by the set's name
+SET_FIXTURES = {"assets": "demo", "tool_assets": "tool"}
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    """The e2e modules in the order the builder finishes their sets (`shared_assets.SETS`):
+    a module reading a set built later runs after those reading earlier ones, so the first
+    e2e tests do not wait for a set the builder has not reached. Whole modules move (their
+    module fixtures set up once); the order is otherwise kept."""
+    built_at = {s.name: i for i, s in enumerate(SETS)}
+    last_set: dict[str, int] = {}
+    for item in items:
+        if item.get_closest_marker("e2e"):
+            needed = [built_at[SET_FIXTURES[f]] for f in item.fixturenames if f in SET_FIXTURES]
+            module = item.nodeid.split("::")[0]
+            last_set[module] = max([last_set.get(module, 0), *needed])
+    e2e = [i for i in items if i.get_closest_marker("e2e")]
+    rest = [i for i in items if not i.get_closest_marker("e2e")]
+    e2e.sort(key=lambda item: last_set[item.nodeid.split("::")[0]])  # stable
+    items[:] = rest + e2e
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
