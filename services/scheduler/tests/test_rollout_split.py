@@ -91,3 +91,11 @@ def test_max_staleness_implies_the_split_and_off_policy_needs_a_correction() -> 
     assert corrected.trainer.max_staleness == 1
     with pytest.raises(ConfigError, match="max_staleness"):
         load_job_config(data={"trainer": {"max_staleness": -1}})
+
+
+def test_partial_rollout_needs_asynchronous_training() -> None:
+    with pytest.raises(ConfigError, match="rollout.partial .*max_staleness"):
+        load_job_config(data={"actor_rollout_ref": {"rollout": {"partial": True}}})
+    config = load_job_config(data={"trainer": {"max_staleness": 0},
+                                   "actor_rollout_ref": {"rollout": {"partial": True}}})
+    assert config.actor_rollout_ref.rollout.partial

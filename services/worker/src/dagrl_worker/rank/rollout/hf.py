@@ -105,9 +105,8 @@ class HFRollout:
             generators = {row: torch.Generator().manual_seed(sample_seed(params.seed, uid))
                           for row, uid in enumerate(states.prompts.uids)}
         version = 0 if in_flight is None else in_flight.version
-        groups = _group_index(states)
         while len(rows := states.open_rows()):
-            stops = _SegmentStops(states, rows, groups, quota_groups, in_flight,
+            stops = _SegmentStops(states, rows, quota_groups, in_flight,
                                   self.eos_token_id)
             input_ids, attention_mask = _prefixed(states, rows)
             tokens, log_probs = self._segment(
@@ -248,13 +247,6 @@ class _SeededDraw(LogitsProcessor):
         return chosen.scatter_(1, tokens, 0.0)  # type: ignore[return-value]
 
 
-def _group_index(states: SampleStates) -> torch.Tensor:
-    """[S] each row's group as a number (rows of one prompt share it)."""
-    numbers: dict[str, int] = {}
-    return torch.tensor([numbers.setdefault(g, len(numbers)) for g in states.prompts.group_ids],
-                        dtype=torch.long)
-
-
 def _prefixed(states: SampleStates, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Prompt + the tokens so far of each of `rows`, left-padded: (ids, mask), [U, W] each."""
     prompt_ids = states.prompts.tensors[fields.PROMPT_IDS]  # [S, P]
@@ -276,10 +268,9 @@ class _SegmentStops(StoppingCriteria):
     response budget; all of them once newer weights wait (`InFlightWeights`), or once
     `quota_groups` groups are complete (`enough`)."""
 
-    def __init__(self, states: SampleStates, rows: torch.Tensor, groups: torch.Tensor,
-                 quota_groups: int | None, in_flight: InFlightWeights | None,
-                 eos_token_id: int) -> None:
-        self.states, self.rows, self.groups = states, rows, groups
+    def __init__(self, states: SampleStates, rows: torch.Tensor, quota_groups: int | None,
+                 in_flight: InFlightWeights | None, eos_token_id: int) -> None:
+        self.states, self.rows = states, rows
         self.eos_token_id = eos_token_id
         self.quota_groups = quota_groups
         self.in_flight = in_flight
@@ -293,17 +284,14 @@ class _SegmentStops(StoppingCriteria):
         if self.start is None:  # the first call comes after the first new token
             self.start = input_ids.shape[1] - 1
         drawn = input_ids.shape[1] - self.start
-        last = input_ids[:, -1].cpu()
         done = drawn >= self.budgets  # [U]
         if self.in_flight is not None and not self.interrupted:
             self.interrupted = self.in_flight.newer()
         if self.quota_groups is not None and not self.enough:
-            self.eos_seen |= last == self.eos_token_id
+            self.eos_seen |= input_ids[:, -1].cpu() == self.eos_token_id
             finished = self.states.finished.clone()
             finished[self.rows] = self.eos_seen | done
-            open_groups = torch.unique(self.groups[~finished])
-            complete = len(torch.unique(self.groups)) - len(open_groups)
-            self.enough = complete >= self.quota_groups
+            self.enough = self.states.count_complete(finished) >= self.quota_groups
         if self.interrupted or self.enough:
             done = torch.ones_like(done)
         return done.to(input_ids.device)  # type: ignore[return-value]

@@ -14,7 +14,7 @@ next one), which no executor does yet.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -39,6 +39,7 @@ class SampleStates:
     versions: torch.Tensor  # [S, R] the policy version behind each token
     lengths: torch.Tensor  # [S] tokens so far
     finished: torch.Tensor  # [S] bool: EOS drawn, or all R tokens used
+    _groups: torch.Tensor | None = field(default=None, repr=False)  # see `count_complete`
 
     @classmethod
     def fresh(cls, samples: Batch, width: int, pad_token_id: int) -> SampleStates:
@@ -80,6 +81,16 @@ class SampleStates:
                                             strict=True) if not done}
         return list(dict.fromkeys(g for g in self.prompts.group_ids if g not in open_groups))
 
+    def count_complete(self, finished: torch.Tensor) -> int:
+        """How many groups would be complete were `finished` ([S] bool) the rows' state: a
+        backend asks while it generates, before it records the tokens."""
+        if self._groups is None:  # each row's group as a number, computed once
+            numbers: dict[str, int] = {}
+            self._groups = torch.tensor(
+                [numbers.setdefault(g, len(numbers)) for g in self.prompts.group_ids],
+                dtype=torch.long)
+        return len(torch.unique(self._groups)) - len(torch.unique(self._groups[~finished]))
+
     def select(self, rows: Sequence[int] | torch.Tensor) -> SampleStates:
         index = torch.as_tensor(rows, dtype=torch.long)
         return SampleStates(self.prompts.select(index), self.tokens[index],
@@ -106,10 +117,9 @@ class SampleStates:
         if not with_versions:
             return batch
         # a sample's version is its oldest token's (a carried one started under older weights)
-        oldest = self.versions.masked_fill(~mask.bool(), 2**62).min(dim=1).values  # [S]
-        fallback = self.versions[:, 0] if self.width else torch.zeros(len(self), dtype=torch.long)
+        oldest = self.versions.masked_fill(~mask.bool(), 2**62).min(dim=1).values
         return batch.with_fields(tensors={fields.ROLLOUT_VERSION: torch.where(
-            self.lengths > 0, oldest, fallback)})
+            self.lengths > 0, oldest, 0)})  # [S]
 
 
 def join(parts: Sequence[SampleStates]) -> SampleStates:

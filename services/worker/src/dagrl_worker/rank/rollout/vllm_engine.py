@@ -243,8 +243,10 @@ class VLLMRollout:
                 for output in engine.step():
                     latest[ids[output.request_id]] = output
                 interrupted = in_flight is not None and in_flight.newer()
-                enough = quota_groups is not None and _complete_groups(
-                    states, {row for row, out in latest.items() if out.finished}) >= quota_groups
+                if quota_groups is not None:
+                    finished = states.finished.clone()
+                    finished[[row for row, out in latest.items() if out.finished]] = True
+                    enough = states.count_complete(finished) >= quota_groups
                 if interrupted or enough:
                     break
             for row, output in latest.items():
@@ -316,13 +318,6 @@ class VLLMRollout:
         if asleep:
             self.llm.wake_up(tags=asleep)
             self.sleeping -= set(asleep)
-
-
-def _complete_groups(states: SampleStates, finishing: set[int]) -> int:
-    """Groups of `states` all of whose rows are finished, counting rows `finishing` as so."""
-    open_groups = {group for row, group in enumerate(states.prompts.group_ids)
-                   if not bool(states.finished[row]) and row not in finishing}
-    return len(set(states.prompts.group_ids) - open_groups)
 
 
 def _token_prompts(samples: Batch) -> list[Any]:
