@@ -33,7 +33,7 @@ def _ms(draw: Callable[[], torch.Tensor], repeats: int) -> float:
 def compare(rows: int, vocab: int, repeats: int) -> tuple[float, float]:
     """(seeded, shared RNG) milliseconds for one step's draw of `rows` rows."""
     scores = torch.randn(rows, vocab) * 3  # [B, V]
-    seeded = _SeededDraw(list(range(rows)))
+    seeded = _SeededDraw([torch.Generator().manual_seed(seed) for seed in range(rows)])
     input_ids = torch.zeros(rows, 1, dtype=torch.long)
     picked = seeded(input_ids, scores).argmax(dim=-1)  # [B]
     if not (int(picked.min()) >= 0 and int(picked.max()) < vocab
