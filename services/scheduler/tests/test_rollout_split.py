@@ -94,7 +94,7 @@ def test_max_staleness_implies_the_split_and_off_policy_needs_a_correction() -> 
 
 
 def test_partial_rollout_needs_asynchronous_training() -> None:
-    with pytest.raises(ConfigError, match="rollout.partial .*max_staleness"):
+    with pytest.raises(ConfigError, match=r"rollout\.partial .*max_staleness"):
         load_job_config(data={"actor_rollout_ref": {"rollout": {"partial": True}}})
     config = load_job_config(data={"trainer": {"max_staleness": 0},
                                    "actor_rollout_ref": {"rollout": {"partial": True}}})
