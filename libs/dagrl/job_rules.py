@@ -44,9 +44,22 @@ def job_problems(config: JobConfig, graph: TaskGraph) -> list[str]:
         return node_problems
     return [*_checkpoint_problems(config, graph), *_old_log_prob_problems(config, graph),
             *batch_field_problems(config, graph), *estimator_problems(config, graph),
-            *_model_reward_problems(graph),
+            *_model_reward_problems(graph), *_over_sample_problems(config, graph),
             *_engine_length_problems(config),
             *engine_device_problems(config, {config.trainer.device})]
+
+
+def _over_sample_problems(config: JobConfig, graph: TaskGraph) -> list[str]:
+    """`rollout.over_sample` keeps a pool of samples across steps, which DAPO's redraw rounds
+    (a rerun of the rollout within the step) would not draw from."""
+    if not config.actor_rollout_ref.rollout.over_sample:
+        return []
+    redraws = [n.node_id for n in graph.nodes if n.node_role == NodeRole.DYNAMIC_SAMPLING]
+    if not redraws:
+        return []
+    return [f"actor_rollout_ref.rollout.over_sample carries samples across steps, and node "
+            f"{redraws[0]!r} (DYNAMIC_SAMPLING) redraws prompts within a step: use one or the "
+            "other (over_sample: 0, or remove the DYNAMIC_SAMPLING node)"]
 
 
 def engine_device_problems(config: JobConfig, device_kinds: set[str]) -> list[str]:

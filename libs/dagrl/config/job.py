@@ -302,9 +302,18 @@ class RolloutConfig(SamplingConfig, LogProbMicroBatches):
         "rollout node generates is loaded between two tokens, and every unfinished sample "
         "continues from its prefix under it; each token records its version and log-prob "
         "(single-turn rollout nodes; docs/async.md)")
+    over_sample: float = option(
+        0.0, "asynchronous training (trainer.max_staleness >= 1): keep this fraction of a "
+        "step's prompt groups in progress beyond it; each step hands over its quota of groups "
+        "as they complete, oldest first, and carries the unfinished ones, tokens and all, "
+        "into the next step, so a long response no longer holds the step (0: off; single-turn "
+        "rollout nodes; docs/async.md)")
 
     def check(self) -> list[str]:
         problems = [*sampling_problems(self), *_below_one(self, LOG_PROB_COUNTS)]
+        if not 0 <= self.over_sample <= 16:
+            problems.append(f"over_sample must be in [0, 16] (a fraction of the step's prompt "
+                            f"groups), got {self.over_sample}")
         if self.tensor_model_parallel_size < 1:
             problems.append("tensor_model_parallel_size must be >= 1, got "
                             f"{self.tensor_model_parallel_size}")
@@ -596,6 +605,12 @@ class JobConfig:
 
     def _async_problems(self) -> list[str]:
         staleness = self.trainer.max_staleness
+        over_sample = self.actor_rollout_ref.rollout.over_sample
+        if over_sample and not staleness:
+            return [f"actor_rollout_ref.rollout.over_sample = {over_sample} carries unfinished "
+                    "samples into later steps, so their first tokens are at least one version "
+                    "old: set trainer.max_staleness >= 1 (as many steps as a long response may "
+                    "span keeps all of its tokens in the loss)"]
         if staleness is None:
             if self.actor_rollout_ref.rollout.partial:
                 return ["actor_rollout_ref.rollout.partial loads weights published while the "

@@ -178,6 +178,10 @@ KEY_ASYNC_STALE_DROPPED_TOKENS: Final = "async/stale_dropped_tokens"  # tokens b
 # rollout.partial: versions loaded while a rollout generated, samples continued under them
 KEY_ROLLOUT_IN_FLIGHT_LOADS: Final = "rollout/in_flight_weight_loads"
 KEY_ROLLOUT_CONTINUED_SAMPLES: Final = "rollout/continued_samples"
+# rollout.over_sample: samples carried unfinished into the next step, prompts drawn beyond
+# the step's batch to keep the over-sampled pool full
+KEY_ROLLOUT_CARRIED_SAMPLES: Final = "rollout/carried_samples"
+KEY_ROLLOUT_OVER_SAMPLED_PROMPTS: Final = "rollout/over_sampled_prompts"
 KEY_ASYNC_ROLLOUT_IDLE: Final = "async/rollout_idle_s"  # s the rollout side waited for weights
 KEY_ASYNC_TRAINER_IDLE: Final = "async/trainer_idle_s"  # s the training side waited for data
 KEY_ASYNC_QUEUE_DEPTH: Final = "async/queue_depth"  # steps generated, not yet trained

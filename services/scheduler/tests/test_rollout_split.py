@@ -99,3 +99,27 @@ def test_partial_rollout_needs_asynchronous_training() -> None:
     config = load_job_config(data={"trainer": {"max_staleness": 0},
                                    "actor_rollout_ref": {"rollout": {"partial": True}}})
     assert config.actor_rollout_ref.rollout.partial
+
+
+def test_over_sampling_needs_a_staleness_bound_of_one_or_more() -> None:
+    with pytest.raises(ConfigError, match=r"over_sample = 0.5 .*max_staleness >= 1"):
+        load_job_config(data={"actor_rollout_ref": {"rollout": {"over_sample": 0.5}}})
+    with pytest.raises(ConfigError, match=r"over_sample = 0.5 .*max_staleness >= 1"):
+        load_job_config(data={"trainer": {"max_staleness": 0},
+                              "actor_rollout_ref": {"rollout": {"over_sample": 0.5}}})
+    with pytest.raises(ConfigError, match=r"over_sample must be in \[0, 16\]"):
+        load_job_config(data={"trainer": {"max_staleness": 1},
+                              "actor_rollout_ref": {"rollout": {"over_sample": -1}}})
+    config = load_job_config(data={"trainer": {"max_staleness": 2}, "actor_rollout_ref": {
+        "rollout": {"over_sample": 0.5}, "actor": {"use_rollout_log_probs": True}}})
+    assert config.actor_rollout_ref.rollout.over_sample == 0.5
+
+
+def test_over_sampling_and_dynamic_sampling_are_refused_together() -> None:
+    from dagrl.job_rules import job_problems
+
+    config = load_job_config(data={"trainer": {"max_staleness": 1}, "actor_rollout_ref": {
+        "rollout": {"over_sample": 0.5}, "actor": {"use_rollout_log_probs": True}}})
+    problems = job_problems(config, load_workflow("dapo"))
+    assert any("over_sample" in p and "DYNAMIC_SAMPLING" in p for p in problems), problems
+    assert not [p for p in job_problems(config, load_workflow("grpo")) if "over_sample" in p]

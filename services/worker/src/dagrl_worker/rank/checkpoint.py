@@ -5,7 +5,8 @@ Layout of `<root>/global_step_<N>/`:
     agent<g>/actor/adapter/  with LoRA: the adapter in peft's format (the HF checkpoint
                          above is the base with it merged in); a resume trains on from it
     agent<g>/critic/     HF checkpoint of its value model, when there is one
-    rank<r>.pt           rank r's optimizer + LR-schedule states, RNG states, KL controller
+    rank<r>.pt           rank r's optimizer + LR-schedule states, RNG states, KL controller,
+                         and (rollout.over_sample) the samples its rollout carried out of step N
     trainer.json         step and dataloader position
 `<root>/latest_checkpointed_iteration.txt` names the newest committed step; it is
 replaced atomically after the rename, so a crash mid-save leaves the previous checkpoint
@@ -41,6 +42,7 @@ from dagrl.workflow import NodeRole
 from dagrl_worker.rank import checkpoint_files
 from dagrl_worker.rank.executors.base import AgentModels
 from dagrl_worker.rank.prompts import PromptSource
+from dagrl_worker.rank.rollout.carry_over import CarryOver
 from dagrl_worker.rank.training import lora
 from dagrl_worker.rank.weight_sync import trainer_ranks
 from dagrl_worker.shared.plan_view import RankGraph
@@ -183,9 +185,13 @@ class RankCheckpointer:
 
     def __init__(self, root: Path, where: RankGraph, config: JobConfig,
                  models: dict[int, AgentModels], prompts: PromptSource,
-                 kl_controller: KLController) -> None:
+                 kl_controller: KLController,
+                 carried: dict[str, CarryOver] | None = None) -> None:
+        """`carried`: the over-sampled rollout pools of this rank's nodes, by node id
+        (`rollout.carry_over`): saved as of the checkpointed step, restored on resume."""
         self.root, self.where, self.rank, self.config = root, where, where.rank, config
         self.models, self.prompts, self.kl_controller = models, prompts, kl_controller
+        self.carried = carried or {}
         self.loader_states: dict[int, dict[str, Any]] = {}  # step -> loader after its batch
 
     def note_loader(self, step: int) -> None:
@@ -200,7 +206,7 @@ class RankCheckpointer:
         them again from the same prompts (the loader is saved as of `step`)."""
         with telemetry.phase_span(telemetry.SPAN_CHECKPOINT_SAVE, {telemetry.ATTR_STEP: step}):
             tmp = begin(self.root, step, self.rank)
-            save_rank_state(tmp, self.rank, self._rank_state(tmp))
+            save_rank_state(tmp, self.rank, self._rank_state(tmp, step))
             if self.rank == 0:
                 save_trainer_state(tmp, {"step": step, "loader": self._loader_at(step),
                                          "generated_ahead": list(generated_ahead)})
@@ -208,9 +214,12 @@ class RankCheckpointer:
                            self.config.trainer.max_checkpoints_to_keep)
         return str(final)
 
-    def _rank_state(self, tmp: Path) -> dict[str, Any]:
-        """This rank's state; the first trainer of each model also writes its weights."""
+    def _rank_state(self, tmp: Path, step: int) -> dict[str, Any]:
+        """This rank's state after step `step`; the first trainer of each model also writes
+        its weights."""
         state: dict[str, Any] = {"rng": rng_state(), "kl_coef": self.kl_controller.value}
+        for node_id, carry in self.carried.items():
+            state[f"carried/{node_id}"] = carry.state_at(step)
         for agent, models in self.models.items():
             for role, engine in (("actor", models.actor), ("critic", models.critic)):
                 if engine is None:
@@ -244,6 +253,8 @@ class RankCheckpointer:
                 if engine is not None:
                     engine.load_training_state(rank_state[f"agent{agent}/{role}"])
         self.prompts.load_state_dict(trainer_state["loader"])
+        for node_id, carry in self.carried.items():  # none saved: nothing was carried
+            carry.restore(rank_state.get(f"carried/{node_id}", {}))
         self.kl_controller.value = float(rank_state["kl_coef"])
         restore_rng(rank_state["rng"])
         ahead = trainer_state.get("generated_ahead", [])

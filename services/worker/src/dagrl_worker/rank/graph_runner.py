@@ -36,7 +36,13 @@ from dagrl_worker.rank.dataflow import EdgeRouter, join_by_uid
 from dagrl_worker.rank.device import RankDevice
 from dagrl_worker.rank.executors.base import AgentModels, Executor, StepContext
 from dagrl_worker.rank.executors.log_probs import old_log_probs_in_update
-from dagrl_worker.rank.prompts import PromptRows, PromptSource, dp_slice, prompts_to_batch
+from dagrl_worker.rank.prompts import (
+    OVER_SAMPLE_ROUND,
+    PromptRows,
+    PromptSource,
+    dp_slice,
+    prompts_to_batch,
+)
 from dagrl_worker.shared.metrics import MetricSink, Reduce
 from dagrl_worker.shared.plan_view import RankGraph
 
@@ -66,10 +72,13 @@ class GraphRunner:
         """The context of one step's (or evaluation pass's) nodes on this rank."""
         regenerate = None if validating else (
             lambda node_id, rnd: self.regenerate(step, node_id, rnd))
+        draw = None if validating else (
+            lambda node_id, count: self.over_sampled(step, node_id, count))
         return StepContext(step, self.rank, self.config, sink, self.kl_controller,
                            regenerate=regenerate, validating=validating,
                            policy_version=self.policy.version,
-                           in_flight=None if validating else self.policy.in_flight)
+                           in_flight=None if validating else self.policy.in_flight,
+                           draw_prompts=draw)
 
     def walk(self, ctx: StepContext, global_prompts: PromptRows, nodes: list[str],
              router: EdgeRouter, tag: str = "") -> None:
@@ -131,6 +140,12 @@ class GraphRunner:
             outputs[upstream_id] = self.run_node(upstream_id, batch, ctx)
         parents = self.graph.parents(node_id)
         return join_by_uid([outputs[p] for p in parents])
+
+    def over_sampled(self, step: int, node_id: str, count: int) -> Batch:
+        """`count` prompts beyond step `step`'s batch for `node_id`'s over-sampled pool
+        (`rollout.carry_over`), drawn on this rank like DAPO's extra rounds."""
+        rows = self.prompts.extra_batch(count, step, OVER_SAMPLE_ROUND, self.rank)
+        return self.entry_input(node_id, step, rows, f".o{self.rank}", is_global=False)
 
     def entry_input(self, node_id: str, step: int, rows: PromptRows, tag: str,
                     is_global: bool = True) -> Batch:

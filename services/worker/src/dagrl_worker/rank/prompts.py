@@ -26,6 +26,9 @@ from dagrl.errors import DatasetError
 from dagrl_worker.shared.metrics import MetricSink, Reduce
 
 PromptRows = dict[str, list[Any]]
+# the round index of `extra_batch` draws for an over-sampled rollout pool (`rollout.over_sample`),
+# apart from DAPO's rounds (0, 1, ...)
+OVER_SAMPLE_ROUND = 2**31 - 1
 
 # the loader's saved settings -> the job keys that set them
 _LOADER_KEYS = {"batch_size": "data.train_batch_size", "seed": "data.seed",

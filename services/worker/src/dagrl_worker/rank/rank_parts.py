@@ -26,6 +26,7 @@ from dagrl_worker.rank.dataflow import EdgeRouter, ShardStore
 from dagrl_worker.rank.device import RankDevice
 from dagrl_worker.rank.executors.base import AgentModels, Executor
 from dagrl_worker.rank.executors.log_probs import old_log_probs_in_update
+from dagrl_worker.rank.executors.rollout import RolloutExecutor
 from dagrl_worker.rank.executors.table import build_executor
 from dagrl_worker.rank.graph_runner import GraphRunner
 from dagrl_worker.rank.prompts import PromptSource
@@ -79,7 +80,10 @@ def build_parts(setup: RankSetup, models: dict[int, AgentModels], store: ShardSt
     syncs = plan_model_syncs(where.graph, where.plan, where.rank, models,
                              setup.groups.weight_syncs)
     kl = kl_controller(config)
-    checkpointer = RankCheckpointer(setup.checkpoint_root, where, config, models, prompts, kl)
+    carried = {n: e.carry for n, e in executors.items()
+               if isinstance(e, RolloutExecutor) and e.carry is not None}
+    checkpointer = RankCheckpointer(setup.checkpoint_root, where, config, models, prompts, kl,
+                                    carried)
     first_step = checkpointer.load(resume) if resume else 1
     ledger = SampleLedger(setup.checkpoint_root / metrics_file.RUN_SUBDIR, where.rank,
                           setup.job_id)

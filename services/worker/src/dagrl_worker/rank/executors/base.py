@@ -76,6 +76,9 @@ class StepContext:
     # rollout.partial on a rollout rank of an asynchronous run: newer weights a rollout
     # loads while it generates (`InFlightWeights`); None: the weights stay for the step
     in_flight: InFlightWeights | None = None
+    # rollout.over_sample: `count` prompts beyond the step's batch, drawn for node `node_id`
+    # on this rank (an over-sampled pool, `rollout.carry_over`); set by the DAGWorker
+    draw_prompts: Callable[[str, int], Batch] | None = None
 
 
 class UnsupportedNodeError(InvalidInputError):

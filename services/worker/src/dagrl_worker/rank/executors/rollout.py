@@ -18,7 +18,8 @@ from dagrl.batch.views import RolloutInputs
 from dagrl.config import JobConfig
 from dagrl_worker.rank.executors.base import StepContext
 from dagrl_worker.rank.rollout import RolloutBackend, SamplingParams
-from dagrl_worker.rank.rollout.base import step_seed
+from dagrl_worker.rank.rollout.base import HeldWeights, step_seed
+from dagrl_worker.rank.rollout.carry_over import CarryOver
 from dagrl_worker.shared.metrics import Reduce
 
 
@@ -76,16 +77,22 @@ def record_continued(out: Batch, ctx: StepContext) -> None:
 
 
 class RolloutExecutor:
-    def __init__(self, node_id: str, backend: RolloutBackend, sampling: RolloutSampling) -> None:
+    def __init__(self, node_id: str, backend: RolloutBackend, sampling: RolloutSampling,
+                 carry: CarryOver | None = None) -> None:
+        """`carry`: `rollout.over_sample`'s pool; training steps hand over complete groups
+        and carry the rest into the next step (`rollout.carry_over`)."""
         self.node_id = node_id
         self.backend = backend
         self.sampling = sampling
+        self.carry = carry
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
         RolloutInputs.of(batch, self.node_id)  # checked here; the backend samples the Batch
         params = self.sampling.at(ctx)
         with telemetry.phase_span(telemetry.SPAN_ROLLOUT_GENERATE) as span, ctx.sink.compute():
-            if ctx.in_flight is None:
+            if self.carry is not None and not ctx.validating:
+                out = self._carried_over(batch, params, ctx)
+            elif ctx.in_flight is None:
                 out = self.backend.generate(batch, params)
             else:  # rollout.partial: newer weights may load between two tokens
                 loads = ctx.in_flight.loads
@@ -108,4 +115,20 @@ class RolloutExecutor:
         clipped = (lengths >= params.max_new_tokens).float().mean()
         ctx.sink.add(telemetry.KEY_RESPONSE_LENGTH_CLIP_RATIO, float(clipped), Reduce.MEAN,
                      weight=len(out))
+        return out
+
+    def _carried_over(self, batch: Batch, params: SamplingParams, ctx: StepContext) -> Batch:
+        """The step's complete groups from the over-sampled pool (`rollout.carry_over`)."""
+        carry = self.carry
+        assert carry is not None and ctx.draw_prompts is not None
+        weights = ctx.in_flight or HeldWeights(ctx.policy_version)
+        loads = weights.loads
+        out = carry.generate(batch, params, weights, ctx.step,
+                             lambda count: ctx.draw_prompts(self.node_id, count))  # type: ignore[misc]
+        if ctx.in_flight is not None:
+            ctx.sink.add(telemetry.KEY_ROLLOUT_IN_FLIGHT_LOADS, float(weights.loads - loads),
+                         Reduce.MAX)
+        ctx.sink.add(telemetry.KEY_ROLLOUT_CARRIED_SAMPLES, float(carry.carried), Reduce.SUM)
+        ctx.sink.add(telemetry.KEY_ROLLOUT_OVER_SAMPLED_PROMPTS, float(carry.drawn), Reduce.SUM)
+        record_continued(out, ctx)
         return out

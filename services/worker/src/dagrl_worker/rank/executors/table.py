@@ -66,6 +66,8 @@ from dagrl_worker.rank.executors.reward_model import RewardModelExecutor
 from dagrl_worker.rank.executors.rollout import RolloutExecutor, RolloutSampling
 from dagrl_worker.rank.rewards.sources import build_reward_sources
 from dagrl_worker.rank.rollout import RolloutBackend
+from dagrl_worker.rank.rollout.carry_over import CarryOver
+from dagrl_worker.rank.rollout.samples import AdvancingBackend
 
 
 def build_executor(node: Node, models: AgentModels, config: JobConfig, target_groups: int,
@@ -206,6 +208,10 @@ def _rollout_executor(node: Node, models: AgentModels, backend: RolloutBackend,
     by the chain executor when they set a chain_template."""
     options = agent_options(node.node_id, node.agent_options)
     sampling = RolloutSampling.of(config)
+    if options.agent is not None and config.actor_rollout_ref.rollout.over_sample:
+        raise ConfigError(f"node {node.node_id!r}: actor_rollout_ref.rollout.over_sample "
+                          "carries single-turn samples across steps, not agent programs' "
+                          "episodes: set over_sample to 0")
     if options.agent is not None:  # a user's agent program against the endpoint
         program = cast(Any, resolve_ref(options.agent, kind="callable"))  # checked when run
         # imported here: the agent gateway's HTTP stack loads only in jobs with agent programs
@@ -213,7 +219,16 @@ def _rollout_executor(node: Node, models: AgentModels, backend: RolloutBackend,
 
         return AgentRolloutExecutor(backend, models.tokenizer, options, program, sampling,
                                     gateway_limits(options, config.data))
-    rollout: Executor = RolloutExecutor(node.node_id, backend, sampling)
+    over_sample = config.actor_rollout_ref.rollout.over_sample
+    single_turn = options.env is None and options.chain_template is None
+    if over_sample and not single_turn:
+        raise ConfigError(f"node {node.node_id!r}: actor_rollout_ref.rollout.over_sample "
+                          "carries single-turn samples across steps; this node runs "
+                          "multi-turn episodes (agent_options.env or chain_template): set "
+                          "over_sample to 0")
+    carry = (CarryOver(cast(AdvancingBackend, backend), backend.pad_token_id, over_sample)
+             if over_sample else None)
+    rollout: Executor = RolloutExecutor(node.node_id, backend, sampling, carry)
     if options.env is not None:
         try:
             make_env = env_factory(options.env, options.max_assistant_turns)

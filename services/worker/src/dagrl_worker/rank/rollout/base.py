@@ -89,6 +89,21 @@ class InFlightWeights(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class HeldWeights:
+    """`InFlightWeights` that never offer newer ones: the version the engines hold for the
+    whole call (a carried-over rollout without `rollout.partial` still versions each token)."""
+
+    version: int
+    loads: int = 0
+
+    def newer(self) -> bool:
+        return False
+
+    def load(self) -> int:
+        raise RuntimeError("HeldWeights never offers newer weights to load")
+
+
 class RolloutBackend(Protocol):
     pad_token_id: int
 

@@ -274,7 +274,7 @@ class _SegmentStops(StoppingCriteria):
         self.eos_token_id = eos_token_id
         self.quota_groups = quota_groups
         self.in_flight = in_flight
-        self.budgets = states.width - states.lengths[rows]  # [U]
+        self.budgets = states.limits[rows] - states.lengths[rows]  # [U]
         self.start: int | None = None
         self.eos_seen = torch.zeros(len(rows), dtype=torch.bool)
         self.interrupted = self.enough = False

@@ -6,9 +6,8 @@ the policy version behind each, its length, and whether it is finished (EOS, or 
 budget used up). A backend's `advance` extends the unfinished rows until they finish, loading
 newer weights between two tokens (`InFlightWeights`), or until enough groups are complete
 (`quota_groups`); `to_batch` turns the rows into the rollout layout (`rollout_batch`).
-Every `generate` runs through it. The quota is for the streaming half of issue #34 (a step
-that hands over the groups that finished and carries the others, tokens and all, into the
-next one), which no executor does yet.
+Every `generate` runs through it. The quota serves carry-over (`carry_over`: a step hands
+over the groups that finished and carries the others, tokens and all, into the next one).
 """
 
 from __future__ import annotations
@@ -23,12 +22,20 @@ from dagrl.batch import Batch
 from dagrl.batch import schema as fields
 from dagrl.batch.core import concat
 from dagrl.batch.layout import pad_to_widths
+from dagrl.errors import InvalidInputError
 from dagrl_worker.rank.rollout.base import (
     InFlightWeights,
     RolloutBackend,
     SamplingParams,
     rollout_batch,
 )
+
+# a prompt's own response budget, in its dataset row's extra_info (`response_budgets`)
+RESPONSE_BUDGET_KEY = "max_response_length"
+
+
+# a SampleStates' per-row tensors, in its fields' order after `prompts`
+ROW_TENSORS = ("tokens", "log_probs", "versions", "lengths", "finished", "limits")
 
 
 @dataclass
@@ -38,7 +45,8 @@ class SampleStates:
     log_probs: torch.Tensor  # [S, R] each token's log-prob under the weights that drew it
     versions: torch.Tensor  # [S, R] the policy version behind each token
     lengths: torch.Tensor  # [S] tokens so far
-    finished: torch.Tensor  # [S] bool: EOS drawn, or all R tokens used
+    finished: torch.Tensor  # [S] bool: EOS drawn, or the row's budget used up
+    limits: torch.Tensor  # [S] the most tokens each row may have (<= R; `response_budgets`)
     _groups: torch.Tensor | None = field(default=None, repr=False)  # see `count_complete`
 
     @classmethod
@@ -48,7 +56,8 @@ class SampleStates:
         return cls(samples,
                    torch.full((rows, width), pad_token_id, dtype=torch.long),
                    torch.zeros(rows, width), torch.zeros(rows, width, dtype=torch.long),
-                   torch.zeros(rows, dtype=torch.long), torch.zeros(rows, dtype=torch.bool))
+                   torch.zeros(rows, dtype=torch.long), torch.zeros(rows, dtype=torch.bool),
+                   response_budgets(samples, width))
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -73,7 +82,7 @@ class SampleStates:
                                                           dtype=torch.float32)
         self.versions[row, start:stop] = version
         self.lengths[row] = stop
-        self.finished[row] = bool(ended) or stop >= self.width
+        self.finished[row] = bool(ended) or stop >= int(self.limits[row])
 
     def complete_groups(self) -> list[str]:
         """The groups (prompts) every sample of which is finished, in row order."""
@@ -95,7 +104,7 @@ class SampleStates:
         index = torch.as_tensor(rows, dtype=torch.long)
         return SampleStates(self.prompts.select(index), self.tokens[index],
                             self.log_probs[index], self.versions[index], self.lengths[index],
-                            self.finished[index])
+                            self.finished[index], self.limits[index])
 
     def split_groups(self, groups: Sequence[str]) -> tuple[SampleStates, SampleStates]:
         """(the rows of `groups`, in the order `groups` names them; the other rows)."""
@@ -122,14 +131,32 @@ class SampleStates:
             self.lengths > 0, oldest, 0)})  # [S]
 
 
+def response_budgets(samples: Batch, width: int) -> torch.Tensor:
+    """[S] each row's response budget: `width` (`data.max_response_length`), or less where its
+    prompt's `extra_info` sets `max_response_length` (a per-prompt budget, as verl's datasets
+    carry per-prompt settings in extra_info)."""
+    budgets = torch.full((len(samples),), width, dtype=torch.long)
+    if fields.EXTRA_INFO not in samples.columns:
+        return budgets
+    for row, info in enumerate(samples.columns[fields.EXTRA_INFO]):
+        wanted = info.get(RESPONSE_BUDGET_KEY) if isinstance(info, dict) else None
+        if wanted is None:
+            continue
+        if isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 1:
+            raise InvalidInputError(
+                f"prompt {samples.uids[row]!r}: extra_info.{RESPONSE_BUDGET_KEY} must be a "
+                f"whole number of tokens >= 1, got {wanted!r}")
+        budgets[row] = min(wanted, width)
+    return budgets
+
+
 def join(parts: Sequence[SampleStates]) -> SampleStates:
     """The rows of every part in order; prompts padded on the left to the widest."""
     parts = [p for p in parts if len(p)] or list(parts[:1])
     width = max(int(p.prompts.tensors[fields.PROMPT_IDS].shape[1]) for p in parts)
     prompts = concat([pad_to_widths(p.prompts, width, None) for p in parts])
     return SampleStates(prompts, *(torch.cat([getattr(p, name) for p in parts])
-                                   for name in ("tokens", "log_probs", "versions", "lengths",
-                                                "finished")))
+                                   for name in ROW_TENSORS))
 
 
 class AdvancingBackend(RolloutBackend, Protocol):

@@ -201,8 +201,10 @@ class VLLMRollout:
             self.wake_up()
             requests = _token_prompts(states.prompts)
             uids = states.prompts.uids if params.seed is not None else [None] * len(states)
-            outputs = self.llm.generate(
-                requests, [self._sampling_params(params, uid) for uid in uids], use_tqdm=False)
+            budgets = states.limits.tolist()  # a prompt may set its own (`response_budgets`)
+            sampling = [self._sampling_params(dataclasses.replace(params, max_new_tokens=b), uid)
+                        for uid, b in zip(uids, budgets, strict=True)]
+            outputs = self.llm.generate(requests, sampling, use_tqdm=False)
             for row, output in enumerate(outputs):
                 states.record(row, *_completion(output), version=0, ended=True)
         elif len(states):
@@ -230,7 +232,8 @@ class VLLMRollout:
                 done = int(states.lengths[row])
                 uid = None if params.seed is None else (
                     states.prompts.uids[row] if not done else f"{states.prompts.uids[row]}/{done}")
-                left = dataclasses.replace(params, max_new_tokens=states.width - done)
+                left = dataclasses.replace(params,
+                                           max_new_tokens=int(states.limits[row]) - done)
                 request_id = f"dagrl-{self._segments}-{row}"
                 engine.add_request(
                     request_id,
