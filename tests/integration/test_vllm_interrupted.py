@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -16,6 +17,8 @@ from dagrl.batch import schema as fields
 from dagrl.models import load_model_and_tokenizer
 from dagrl_worker.rank.prompts import prompts_to_batch
 from dagrl_worker.rank.rollout import SamplingParams
+from dagrl_worker.rank.rollout.base import HeldWeights
+from dagrl_worker.rank.rollout.carry_over import CarryOver
 from dagrl_worker.rank.rollout.samples import SampleStates
 from dagrl_worker.rank.rollout.vllm_engine import VLLMRollout
 from dagrl_worker.rank.training.model_outputs import response_log_probs
@@ -129,3 +132,40 @@ def test_vllm_advance_stops_at_a_group_quota_and_a_later_call_continues_the_rest
     assert bool(states.finished.all())
     out = states.to_batch(with_versions=False)
     assert torch.equal(out.tensors[fields.RESPONSES], responses)
+
+
+def test_vllm_carries_long_responses_across_steps(vllm_policies: tuple[Path, Path]) -> None:
+    """Carry-over (`rollout.over_sample`) on vLLM with per-prompt budgets: each step hands
+    over its quota of complete groups, a long response spans steps (two versions) yet equals
+    the uninterrupted greedy one, and every group started is handed over once."""
+    old, _ = vllm_policies
+    engine = tiny_engine(old)
+    greedy = SamplingParams(n=2, max_new_tokens=WIDTH, do_sample=False)
+
+    def prompts(step: int, count: int, tag: str = "") -> Any:
+        indices = list(range(10 * step, 10 * step + count))
+        rows = {"prompt_ids": [TOKENIZER(f"{i}+{i}=", add_special_tokens=False)["input_ids"]
+                               for i in indices],
+                "index": indices,
+                fields.EXTRA_INFO: [{"max_response_length": WIDTH if i % 3 == 0 else 2}
+                                    for i in indices]}
+        return prompts_to_batch(rows, TOKENIZER.pad_token_id, f"s{step}{tag}")
+
+    carry = CarryOver(engine, engine.pad_token_id, over_sample=1.0)
+    handed = {step: carry.generate(prompts(step, 3), greedy, HeldWeights(step - 1), step,
+                                   lambda count, step=step: prompts(step + 50, count, ".o0"))
+              for step in range(1, 5)}
+    groups = [g for out in handed.values() for g in dict.fromkeys(out.group_ids)]
+    assert len(groups) == len(set(groups)) == 4 * 3
+    spans = 0
+    for step, out in handed.items():
+        straight = engine.generate(prompts(step, 3), greedy)
+        expected = dict(zip(straight.uids, straight.tensors[fields.RESPONSES], strict=True))
+        mask = out.tensors[fields.RESPONSE_MASK].bool()
+        versions = out.tensors[fields.ROLLOUT_TOKEN_VERSIONS]
+        spans += int((versions.masked_fill(~mask, -1).max(dim=1).values
+                      > versions.masked_fill(~mask, 99).min(dim=1).values).sum())
+        for row, uid in enumerate(out.uids):
+            if uid in expected:
+                assert torch.equal(out.tensors[fields.RESPONSES][row], expected[uid]), uid
+    assert spans >= 2, "no response spanned two steps"
