@@ -16,6 +16,7 @@ from dagrl.batch import Batch
 from dagrl.batch import schema as fields
 from dagrl.batch.views import RolloutInputs
 from dagrl.config import JobConfig
+from dagrl.errors import FailedPreconditionError
 from dagrl_worker.rank.executors.base import StepContext
 from dagrl_worker.rank.rollout import RolloutBackend, SamplingParams
 from dagrl_worker.rank.rollout.base import HeldWeights, step_seed
@@ -119,12 +120,17 @@ class RolloutExecutor:
 
     def _carried_over(self, batch: Batch, params: SamplingParams, ctx: StepContext) -> Batch:
         """The step's complete groups from the over-sampled pool (`rollout.carry_over`)."""
-        carry = self.carry
-        assert carry is not None and ctx.draw_prompts is not None
+        carry, draw = self.carry, ctx.draw_prompts
+        assert carry is not None
+        if draw is None:
+            raise FailedPreconditionError(
+                f"node {self.node_id!r}: rollout.over_sample draws prompts beyond the step's "
+                "batch through the step context (GraphRunner.step_context); this context has "
+                "no draw_prompts")
         weights = ctx.in_flight or HeldWeights(ctx.policy_version)
         loads = weights.loads
         out = carry.generate(batch, params, weights, ctx.step,
-                             lambda count: ctx.draw_prompts(self.node_id, count))  # type: ignore[misc]
+                             lambda count: draw(self.node_id, count))
         if ctx.in_flight is not None:
             ctx.sink.add(telemetry.KEY_ROLLOUT_IN_FLIGHT_LOADS, float(weights.loads - loads),
                          Reduce.MAX)
