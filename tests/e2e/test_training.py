@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,9 @@ RANKS = 2
 
 def run_job(assets: Path, redis: LocalRedis, tmp_path: Path, example: str = "grpo_arith",
             kill_after_checkpoint: bool = False, plan: scheduler_pb2.Plan | None = None,
+            during: Callable[[Driver], None] | None = None,
             **sections: dict) -> tuple[Driver, JobOutcome]:
+    """`during`: runs in a thread of its own beside the job (a test's fault, injected)."""
     config = job_config(assets, example, **sections)
     config["trainer"]["default_local_dir"] = str(tmp_path)
     plan = plan or colocated_plan(load_workflow(config["workflow"]["source"]), world_size=RANKS)
@@ -46,6 +49,8 @@ def run_job(assets: Path, redis: LocalRedis, tmp_path: Path, example: str = "grp
     if kill_after_checkpoint:
         threading.Thread(target=_kill_a_worker_after_checkpoint,
                          args=(driver, tmp_path / "ckpt"), daemon=True).start()
+    if during is not None:
+        threading.Thread(target=during, args=(driver,), daemon=True).start()
     return driver, driver.run()
 
 

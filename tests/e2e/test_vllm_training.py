@@ -8,14 +8,22 @@ and a resumed run ends where an uninterrupted one does (per-sample seeds).
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import ray
 
 from dagrl.engines import is_engine_installed
 from dagrl.jobs import JobState
 from dagrl.local import LocalRedis
+from dagrl_worker.driver.job_driver import Driver
 
+from .test_async_training import split_plan as async_split_plan
+from .test_async_training import trained_samples
 from .test_training import (
     _actor_weights,
     resume_folder,
@@ -79,3 +87,41 @@ def test_vllm_resume_ends_where_an_uninterrupted_run_ends(ray_session: None, ass
     actual = _actor_weights(split / "ckpt", 2)
     for name, tensor in expected.items():
         assert float((tensor - actual[name]).abs().max()) <= 1e-6, name
+
+
+def _kill_the_rollout_engine_after(steps: int) -> Callable[[Driver], None]:
+    """SIGKILL rank 0's engine process (by PID) once `steps` steps were trained."""
+
+    def kill(driver: Driver) -> None:
+        deadline = time.monotonic() + 600
+        while len(driver.outcome.history) < steps and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pids = ray.get(driver.actors[0].engine_pids.remote())
+        assert pids, "rank 0 has no engine process"
+        os.kill(pids[0], signal.SIGKILL)
+
+    return kill
+
+
+def test_a_killed_engine_process_is_replaced_without_a_restart(
+        ray_session: None, assets: Path, redis_server: LocalRedis, tmp_path: Path) -> None:
+    """`rollout.engine_process`: the rollout rank's engine core is killed (SIGKILL, by PID)
+    while the job runs; the rank starts a new engine from the newest weights and the job
+    goes on, no restart, every prompt of every step trained once."""
+    steps = 6
+    _driver, outcome = run_job(
+        assets, redis_server, tmp_path, plan=async_split_plan(),
+        during=_kill_the_rollout_engine_after(2),
+        actor_rollout_ref={**VLLM, "rollout.engine_process": True,
+                           "actor.use_rollout_log_probs": True},
+        trainer={"total_training_steps": steps, "max_staleness": 1, "val_before_train": False,
+                 "test_freq": -1})
+    assert outcome.state == JobState.SUCCEEDED, outcome.reason
+    assert outcome.restarts == 0
+    assert sum(series(outcome, "rollout/engine_restarts")) == 1
+    trained = trained_samples(tmp_path / "ckpt" / "runs")
+    assert sorted(trained) == list(range(1, steps + 1))
+    uids = [uid for step_uids in trained.values() for uid in step_uids]
+    assert len(uids) == len(set(uids))
+    for step, step_uids in trained.items():  # the step's own prompts, all of their samples
+        assert len(step_uids) == 32 * 8 and all(u.startswith(f"s{step}:") for u in step_uids)

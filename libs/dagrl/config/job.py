@@ -302,6 +302,11 @@ class RolloutConfig(SamplingConfig, LogProbMicroBatches):
         "rollout node generates is loaded between two tokens, and every unfinished sample "
         "continues from its prefix under it; each token records its version and log-prob "
         "(single-turn rollout nodes; docs/async.md)")
+    engine_process: bool = option(
+        False, "vllm: the engine core in a process of its own; if it dies (killed, out of "
+        "memory) the rank starts a new one from the newest weights and continues every "
+        "unfinished sample from its tokens, without restarting the job "
+        "(rollout/engine_restarts; keeps a host copy of the weights; docs/rollout.md)")
     over_sample: float = option(
         0.0, "asynchronous training (trainer.max_staleness >= 1): keep this fraction of a "
         "step's prompt groups in progress beyond it; each step hands over its quota of groups "
@@ -311,6 +316,14 @@ class RolloutConfig(SamplingConfig, LogProbMicroBatches):
 
     def check(self) -> list[str]:
         problems = [*sampling_problems(self), *_below_one(self, LOG_PROB_COUNTS)]
+        if self.engine_process and self.name != "vllm":
+            problems.append(f"engine_process runs vLLM's engine core in a process of its own; "
+                            f"rollout.name is {self.name!r}: set name vllm or engine_process "
+                            "false")
+        if self.engine_process and self.tensor_model_parallel_size > 1:
+            problems.append("engine_process serves one engine per rank; tensor parallel "
+                            "engines (tensor_model_parallel_size > 1) run in the ranks' own "
+                            "processes: set engine_process false")
         if not 0 <= self.over_sample <= 16:
             problems.append(f"over_sample must be in [0, 16] (a fraction of the step's prompt "
                             f"groups), got {self.over_sample}")

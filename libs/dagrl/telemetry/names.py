@@ -182,6 +182,9 @@ KEY_ROLLOUT_CONTINUED_SAMPLES: Final = "rollout/continued_samples"
 # the step's batch to keep the over-sampled pool full
 KEY_ROLLOUT_CARRIED_SAMPLES: Final = "rollout/carried_samples"
 KEY_ROLLOUT_OVER_SAMPLED_PROMPTS: Final = "rollout/over_sampled_prompts"
+# rollout.engine_process: engines started anew after one died, prompts they continued
+KEY_ROLLOUT_ENGINE_RESTARTS: Final = "rollout/engine_restarts"
+KEY_ROLLOUT_REQUEUED_PROMPTS: Final = "rollout/requeued_prompts"
 KEY_ASYNC_ROLLOUT_IDLE: Final = "async/rollout_idle_s"  # s the rollout side waited for weights
 KEY_ASYNC_TRAINER_IDLE: Final = "async/trainer_idle_s"  # s the training side waited for data
 KEY_ASYNC_QUEUE_DEPTH: Final = "async/queue_depth"  # steps generated, not yet trained

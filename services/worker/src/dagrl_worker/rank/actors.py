@@ -90,5 +90,8 @@ class DAGWorkerActor:
         generating."""
         self.worker.watch_weights(board_poll(board))
 
+    def engine_pids(self) -> list[int]:
+        return self.worker.engine_pids()
+
     def flush_telemetry(self) -> bool:
         return self.worker.flush_telemetry()

@@ -57,6 +57,7 @@ from dagrl_worker.rank.evaluation import (
 from dagrl_worker.rank.executors.base import AgentModels, Executor
 from dagrl_worker.rank.rank_groups import RankGroups, offload_engines, peak_flops, record_memory
 from dagrl_worker.rank.rank_parts import RankParts, RankSetup, build_parts
+from dagrl_worker.rank.rollout.base import ReplacesEngines
 from dagrl_worker.rank.weight_sync import sync_models
 from dagrl_worker.shared.config import WorkerSettings
 from dagrl_worker.shared.metrics import MetricSink, Reduce, Summary
@@ -199,6 +200,16 @@ class DAGWorker:
             raise FailedPreconditionError("watch_weights is for actor_rollout_ref.rollout."
                                           "partial; this job does not set it")
         self.parts.policy.watch(self.models, poll)
+
+    def engine_pids(self) -> list[int]:
+        """The processes of this rank's rollout engines that run in processes of their own
+        (`rollout.engine_process`); what an operator (or a test) would kill."""
+        pids: list[int] = []
+        for models in self.models.values():
+            engine: object = models.rollout
+            if isinstance(engine, ReplacesEngines):
+                pids.extend(engine.engine_pids())
+        return pids
 
     def flush_telemetry(self) -> bool:
         """Export every span still queued (the driver calls this before stopping the rank)."""

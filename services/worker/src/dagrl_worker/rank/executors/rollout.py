@@ -19,7 +19,7 @@ from dagrl.config import JobConfig
 from dagrl.errors import FailedPreconditionError
 from dagrl_worker.rank.executors.base import StepContext
 from dagrl_worker.rank.rollout import RolloutBackend, SamplingParams
-from dagrl_worker.rank.rollout.base import HeldWeights, step_seed
+from dagrl_worker.rank.rollout.base import HeldWeights, ReplacesEngines, step_seed
 from dagrl_worker.rank.rollout.carry_over import CarryOver
 from dagrl_worker.shared.metrics import Reduce
 
@@ -77,6 +77,14 @@ def record_continued(out: Batch, ctx: StepContext) -> None:
     ctx.sink.add(telemetry.KEY_ROLLOUT_CONTINUED_SAMPLES, float(continued.sum()), Reduce.SUM)
 
 
+def engine_replacements(backend: RolloutBackend) -> tuple[int, int] | None:
+    """(engines started anew, prompts they continued) so far, for a backend whose engine runs
+    in a process of its own (`rollout.engine_process`); None for the others."""
+    if not isinstance(backend, ReplacesEngines) or not backend.engine_pids():
+        return None
+    return backend.engine_restarts, backend.requeued_prompts
+
+
 class RolloutExecutor:
     def __init__(self, node_id: str, backend: RolloutBackend, sampling: RolloutSampling,
                  carry: CarryOver | None = None) -> None:
@@ -90,6 +98,7 @@ class RolloutExecutor:
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
         RolloutInputs.of(batch, self.node_id)  # checked here; the backend samples the Batch
         params = self.sampling.at(ctx)
+        replaced = engine_replacements(self.backend)
         with telemetry.phase_span(telemetry.SPAN_ROLLOUT_GENERATE) as span, ctx.sink.compute():
             if self.carry is not None and not ctx.validating:
                 out = self._carried_over(batch, params, ctx)
@@ -108,6 +117,12 @@ class RolloutExecutor:
             span.set_batch_size(len(out))
             span.add_tokens(int(lengths.sum()))
         ctx.sink.add(telemetry.KEY_TOKENS_GENERATED, float(lengths.sum()), Reduce.SUM)
+        if replaced is not None:  # rollout.engine_process: engines that died this step
+            restarts, requeued = engine_replacements(self.backend) or (0, 0)
+            ctx.sink.add(telemetry.KEY_ROLLOUT_ENGINE_RESTARTS, float(restarts - replaced[0]),
+                         Reduce.SUM)
+            ctx.sink.add(telemetry.KEY_ROLLOUT_REQUEUED_PROMPTS, float(requeued - replaced[1]),
+                         Reduce.SUM)
         if len(out) == 0:  # an empty shard: no lengths to report
             return out
         ctx.sink.add(telemetry.KEY_RESPONSE_LENGTH_MEAN, float(lengths.mean()), Reduce.MEAN,

@@ -35,7 +35,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -102,6 +102,26 @@ class HeldWeights:
 
     def load(self) -> int:
         raise RuntimeError("HeldWeights never offers newer weights to load")
+
+
+@runtime_checkable
+class ReplacesEngines(Protocol):
+    """A backend whose engine may run in a process of its own and be replaced when it dies
+    (`rollout.engine_process`: vLLM's)."""
+
+    @property
+    def engine_restarts(self) -> int:
+        """Engines started anew after one died, so far."""
+        ...
+
+    @property
+    def requeued_prompts(self) -> int:
+        """Prompts in flight when an engine died, continued by the next one, so far."""
+        ...
+
+    def engine_pids(self) -> list[int]:
+        """The engine processes' ids; none when the engine runs in the rank's process."""
+        ...
 
 
 class RolloutBackend(Protocol):

@@ -58,6 +58,7 @@ from dagrl_worker.rank.rollout.base import (
     SamplingParams,
     sample_seed,
 )
+from dagrl_worker.rank.rollout.engine_process import EngineProcess
 from dagrl_worker.rank.rollout.samples import SampleStates
 
 _ENVIRONMENT = {
@@ -185,9 +186,34 @@ class VLLMRollout:
         self.synced_each_step = synced_each_step
         self.sleeping: set[str] = set()  # the memory tags vLLM holds asleep
         self.weights_dropped = False  # by a level-2 sleep; until a reload brings them
-        self.llm = LLM(**engine_arguments(model_path, config, dtype, is_cuda))
+        arguments = engine_arguments(model_path, config, dtype, is_cuda)
+        # rollout.engine_process: the engine core in a child process, replaced if it dies
+        self.process: EngineProcess | None = None
+        if config.engine_process:
+            self.process = EngineProcess(model_path, arguments,
+                                         _torch_dtype(arguments["dtype"], model_path))
+        self._llm = None if self.process is not None else LLM(**arguments)
         self._segments = 0  # interruptible generation's request batches, for unique ids
         self.dtype = self.llm.llm_engine.model_config.dtype  # what "auto" resolved to
+
+    @property
+    def llm(self) -> Any:
+        """The engine: the rank's own, or the newest one of its engine process."""
+        return self.process.llm if self.process is not None else self._llm
+
+    @property
+    def engine_restarts(self) -> int:
+        """Engines started anew after one died (`rollout.engine_process`)."""
+        return self.process.restarts if self.process is not None else 0
+
+    @property
+    def requeued_prompts(self) -> int:
+        """Prompts whose samples were in flight when an engine died, continued by the next."""
+        return self.process.requeued_prompts if self.process is not None else 0
+
+    def engine_pids(self) -> list[int]:
+        """The engine core processes' ids (none when the engine runs in this process)."""
+        return self.process.pids() if self.process is not None else []
 
     @property
     def shares_actor_weights(self) -> bool:
@@ -197,7 +223,9 @@ class VLLMRollout:
                  in_flight: InFlightWeights | None = None) -> Batch:
         states = SampleStates.fresh(prompts.repeat_interleave(params.n), params.max_new_tokens,
                                     self.pad_token_id)
-        if len(states) and in_flight is None:  # vLLM's own loop, every sample to its end
+        if len(states) and in_flight is None and self.process is None:
+            # vLLM's own loop, every sample to its end (an engine process goes through
+            # `advance`, which carries on when the engine dies)
             self.wake_up()
             requests = _token_prompts(states.prompts)
             uids = states.prompts.uids if params.seed is not None else [None] * len(states)
@@ -225,36 +253,45 @@ class VLLMRollout:
         engine = self.llm.llm_engine  # its requests' outputs are cumulative (the default)
         prompts = [request["prompt_token_ids"] for request in _token_prompts(states.prompts)]
         version = 0 if in_flight is None else in_flight.version
+        dead_engine = _engine_dead_error()
         while len(rows := states.open_rows().tolist()):
             self._segments += 1
             ids: dict[str, int] = {}
-            for row in rows:
-                done = int(states.lengths[row])
-                uid = None if params.seed is None else (
-                    states.prompts.uids[row] if not done else f"{states.prompts.uids[row]}/{done}")
-                left = dataclasses.replace(params,
-                                           max_new_tokens=int(states.limits[row]) - done)
-                request_id = f"dagrl-{self._segments}-{row}"
-                engine.add_request(
-                    request_id,
-                    {"prompt_token_ids": prompts[row] + states.tokens[row, :done].tolist()},
-                    self._sampling_params(left, uid))
-                ids[request_id] = row
             latest: dict[int, Any] = {}
             interrupted = enough = False
-            while engine.has_unfinished_requests():
-                for output in engine.step():
-                    latest[ids[output.request_id]] = output
-                interrupted = in_flight is not None and in_flight.newer()
-                if quota_groups is not None:
-                    finished = states.finished.clone()
-                    finished[[row for row, out in latest.items() if out.finished]] = True
-                    enough = states.count_complete(finished) >= quota_groups
-                if interrupted or enough:
-                    break
-            for row, output in latest.items():
-                states.record(row, *_completion(output), version=version,
-                              ended=bool(output.finished))
+            try:
+                for row in rows:
+                    done = int(states.lengths[row])
+                    uid = None if params.seed is None else (
+                        states.prompts.uids[row] if not done
+                        else f"{states.prompts.uids[row]}/{done}")
+                    left = dataclasses.replace(params,
+                                               max_new_tokens=int(states.limits[row]) - done)
+                    request_id = f"dagrl-{self._segments}-{row}"
+                    engine.add_request(
+                        request_id,
+                        {"prompt_token_ids": prompts[row] + states.tokens[row, :done].tolist()},
+                        self._sampling_params(left, uid))
+                    ids[request_id] = row
+                while engine.has_unfinished_requests():
+                    for output in engine.step():
+                        latest[ids[output.request_id]] = output
+                    interrupted = in_flight is not None and in_flight.newer()
+                    if quota_groups is not None:
+                        finished = states.finished.clone()
+                        finished[[row for row, out in latest.items() if out.finished]] = True
+                        enough = states.count_complete(finished) >= quota_groups
+                    if interrupted or enough:
+                        break
+            except dead_engine:
+                if self.process is None:
+                    raise
+                _record(states, latest, version)  # what it drew before it died is kept
+                open_groups = {states.prompts.group_ids[r] for r in states.open_rows().tolist()}
+                self.process.replace(requeued_prompts=len(open_groups))
+                engine = self.llm.llm_engine
+                continue
+            _record(states, latest, version)
             if interrupted or enough:
                 engine.abort_request([rid for rid, row in ids.items()
                                       if not bool(states.finished[row])])
@@ -281,7 +318,11 @@ class VLLMRollout:
 
     def update_weights(self, weights: NamedTensors) -> None:
         """Reload a bucket in place, then forget every cached prefix (module docstring). An
-        asleep engine wakes its weights only: the KV cache waits for the next generation."""
+        asleep engine wakes its weights only: the KV cache waits for the next generation.
+        An engine process takes them before it next generates (`EngineProcess.flush`)."""
+        if self.process is not None:
+            self.process.update(weights)
+            return
         self._wake({_WEIGHTS})
         self.weights_dropped = False  # the sync reloads every tensor (`weight_sync`)
         # an fp32 actor feeding a bf16 engine: cast here, once, rather than have vLLM's
@@ -315,6 +356,8 @@ class VLLMRollout:
                 "ran again between a training step's rollout and its weight sync; set "
                 "actor_rollout_ref.rollout.free_cache_engine false for this workflow")
         self._wake({_WEIGHTS, _KV_CACHE})
+        if self.process is not None:
+            self.process.flush()
 
     def _wake(self, tags: set[str]) -> None:
         asleep = [tag for tag in (_WEIGHTS, _KV_CACHE) if tag in tags & self.sleeping]
@@ -339,6 +382,32 @@ def _completion(output: Any) -> tuple[list[int], list[float]]:
     entries: list[Any] = list(completion.logprobs or [])  # one {token: Logprob} each
     return tokens, [float(entry[token].logprob)
                     for entry, token in zip(entries, tokens, strict=True)]
+
+
+def _record(states: SampleStates, outputs: dict[int, Any], version: int) -> None:
+    """Each row's output of one segment (cumulative within it) into `states`."""
+    for row, output in outputs.items():
+        states.record(row, *_completion(output), version=version, ended=bool(output.finished))
+
+
+def _engine_dead_error() -> type[Exception]:
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    return EngineDeadError
+
+
+def _torch_dtype(name: str, model_path: str) -> torch.dtype:
+    """`engine_arguments`' dtype as torch's ("auto": the checkpoint's own, as vLLM reads it on
+    CPU)."""
+    if name != "auto":
+        return getattr(torch, {"half": "float16"}.get(name, name))
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    return dtype if isinstance(dtype, torch.dtype) else torch.float32
 
 
 def _reload_weights(worker: Any, items: list[tuple[str, torch.Tensor]]) -> None:

@@ -1,0 +1,171 @@
+"""A vLLM engine core in a process of its own, replaced when it dies
+(`actor_rollout_ref.rollout.engine_process`, issue #34 part 3).
+
+By default a rank's engine runs in the rank's process (`vllm_engine`). With `engine_process`
+vLLM's multiprocessing runs the engine core in a child process, so an engine that dies
+(killed, out of memory) no longer takes the rank with it: the next call to the engine
+raises vLLM's `EngineDeadError`, and the rank starts a new engine from the newest weights
+it was given and carries on (`VLLMRollout.advance` continues every unfinished sample from
+the tokens it has). A watcher thread per engine turns the process's exit into that error for
+whoever waits on the engine (`_fail_waiters_on_exit`).
+
+The newest weights must be where a new engine can load them, so this class keeps the
+engine's full weights on the host (one copy of the model) and writes them as
+`model.safetensors` into a folder of its own (under /dev/shm where there is one), beside the
+checkpoint's config and tokenizer files. A weight update replaces tensors in that copy; before
+the next generation the folder is rewritten and the running engine reloads from it
+(`reload_weights(weights_path=...)`, vLLM's in-place reload: no code is sent to the engine
+process, only a path). A new engine starts from the same folder.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from multiprocessing.connection import wait
+from pathlib import Path
+from threading import Thread
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from dagrl.errors import ConfigError
+from dagrl_worker.rank.rollout.base import NamedTensors
+
+log = logging.getLogger("dagrl.worker")
+_WEIGHTS_FILE = "model.safetensors"
+
+
+@contextmanager
+def _multiprocessing() -> Iterator[None]:
+    """vLLM reads VLLM_ENABLE_V1_MULTIPROCESSING when an engine is built: on for this one
+    engine, then back to what it was (the rank's other engines stay in-process)."""
+    before = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # never fork a Ray worker
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = before
+
+
+def _scratch_root() -> str | None:
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+
+
+def _fail_waiters_on_exit(sentinels: list[Any], core: Any) -> None:
+    """Once an engine core process exits, fail whatever waits on it. vLLM 0.32's client
+    notices the death (its monitor shuts the client down) but leaves a caller blocked in
+    `step()` waiting for outputs forever, and a utility call (`collective_rpc`) waiting for
+    its result: they get `EngineDeadError` here instead."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    wait(sentinels)
+    core.outputs_queue.put_nowait(EngineDeadError())
+    for future in list(core.utility_results.values()):
+        if not future.done():
+            future.set_exception(EngineDeadError())
+
+
+class EngineProcess:
+    """One engine core in a child process, the newest weights on disk beside it."""
+
+    def __init__(self, model_path: str, arguments: dict[str, Any], dtype: torch.dtype) -> None:
+        """`arguments`: vLLM's `LLM(...)` arguments (`vllm_engine.engine_arguments`); its
+        model is replaced by this engine's own folder. `dtype`: the engine's weights dtype."""
+        source = Path(model_path)
+        shards = sorted(source.glob("*.safetensors"))
+        if not shards:
+            raise ConfigError(
+                f"actor_rollout_ref.rollout.engine_process keeps the engine's weights as "
+                f"safetensors, but {source} has no *.safetensors file; convert the checkpoint "
+                "or set engine_process false")
+        self.folder = Path(tempfile.mkdtemp(prefix="dagrl-vllm-", dir=_scratch_root()))
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self.folder, True)
+        for item in source.iterdir():  # config, tokenizer, generation config
+            if item.is_file() and not item.name.endswith((".safetensors", ".index.json",
+                                                          ".bin", ".pt")):
+                shutil.copy2(item, self.folder / item.name)
+        self.dtype = dtype
+        self.weights: dict[str, torch.Tensor] = {}
+        for shard in shards:
+            self.weights.update((name, tensor.to(dtype) if tensor.is_floating_point()
+                                 else tensor) for name, tensor in load_file(str(shard)).items())
+        self._write()
+        self.arguments = {**arguments, "model": str(self.folder)}
+        self.stale = False  # weights updated here, not yet loaded by the engine
+        self.restarts = 0
+        self.requeued_prompts = 0
+        self.llm = self._start()
+
+    def _start(self) -> Any:
+        from vllm import LLM
+
+        with _multiprocessing():
+            llm = LLM(**self.arguments)
+        core: Any = llm.llm_engine.engine_core
+        Thread(target=_fail_waiters_on_exit, name="dagrl-engine-watch", daemon=True,
+               args=([p.sentinel for p in core.resources.engine_manager.processes], core)
+               ).start()
+        return llm
+
+    def _write(self) -> None:
+        save_file(self.weights, str(self.folder / _WEIGHTS_FILE), metadata={"format": "pt"})
+
+    def pids(self) -> list[int]:
+        """The engine core processes' ids."""
+        core: Any = self.llm.llm_engine.engine_core  # vLLM's multiprocess client
+        return [int(process.pid) for process in core.resources.engine_manager.processes]
+
+    def update(self, weights: NamedTensors) -> None:
+        """Take these tensors (HF names); the engine loads them before it next generates
+        (`flush`)."""
+        for name, tensor in weights:
+            if name not in self.weights and name != "lm_head.weight":
+                raise KeyError(f"weight {name!r} is not a tensor of the rollout engine")
+            self.weights[name] = (tensor.detach().to("cpu", self.dtype).clone()
+                                  if tensor.is_floating_point() else tensor.detach().clone())
+        self.stale = True
+
+    def flush(self) -> None:
+        """Load the updated weights into the engine (a new engine when it died meanwhile)."""
+        if not self.stale:
+            return
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        self._write()
+        self.stale = False
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self.folder)})
+            reset = self.llm.reset_prefix_cache()
+        except EngineDeadError:
+            self.replace(requeued_prompts=0)  # the new engine starts from the new weights
+            return
+        if not reset:
+            raise RuntimeError(
+                "vLLM could not reset its prefix cache after a weight update (KV blocks are "
+                "still held by a request): cached prompts would reuse KV computed with the "
+                "old weights; update weights only between generations")
+
+    def replace(self, requeued_prompts: int) -> None:
+        """A new engine from the newest weights, after the old one died."""
+        log.warning("the rollout engine process died; starting a new one from the newest "
+                    "weights (%d prompts in flight continue from their tokens)",
+                    requeued_prompts)
+        try:
+            self.llm.llm_engine.engine_core.shutdown()
+        except Exception:  # the old engine is gone; its client may be too
+            log.debug("shutting the dead engine's client down failed", exc_info=True)
+        self.llm = self._start()
+        self.restarts += 1
+        self.requeued_prompts += requeued_prompts
