@@ -58,9 +58,35 @@ def _multiprocessing() -> Iterator[None]:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = before
 
 
-def _scratch_root() -> str | None:
+_FOLDER_PREFIX = "dagrl-vllm-"
+
+
+def _scratch_root() -> Path:
     shm = Path("/dev/shm")
-    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+
+
+def _owner_alive(folder: Path) -> bool:
+    """Whether the process named in `folder`'s name (`dagrl-vllm-<pid>-...`) still runs."""
+    try:
+        pid = int(folder.name.removeprefix(_FOLDER_PREFIX).split("-", 1)[0])
+        os.kill(pid, 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def weights_folder() -> Path:
+    """A new folder for an engine's weights, named after this process; folders left by
+    processes that no longer run (a rank killed at the end of its job never reaches its
+    finalizers) are removed first: each holds a copy of a model, in memory under /dev/shm."""
+    root = _scratch_root()
+    for stale in root.glob(f"{_FOLDER_PREFIX}*"):
+        if stale.is_dir() and not _owner_alive(stale):
+            shutil.rmtree(stale, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{_FOLDER_PREFIX}{os.getpid()}-", dir=root))
 
 
 def _fail_waiters_on_exit(sentinels: list[Any], core: Any) -> None:
@@ -90,7 +116,7 @@ class EngineProcess:
                 f"actor_rollout_ref.rollout.engine_process keeps the engine's weights as "
                 f"safetensors, but {source} has no *.safetensors file; convert the checkpoint "
                 "or set engine_process false")
-        self.folder = Path(tempfile.mkdtemp(prefix="dagrl-vllm-", dir=_scratch_root()))
+        self.folder = weights_folder()
         self._cleanup = weakref.finalize(self, shutil.rmtree, self.folder, True)
         for item in source.iterdir():  # config, tokenizer, generation config
             if item.is_file() and not item.name.endswith((".safetensors", ".index.json",
