@@ -50,16 +50,25 @@ def job_problems(config: JobConfig, graph: TaskGraph) -> list[str]:
 
 
 def _over_sample_problems(config: JobConfig, graph: TaskGraph) -> list[str]:
-    """`rollout.over_sample` keeps a pool of samples across steps, which DAPO's redraw rounds
-    (a rerun of the rollout within the step) would not draw from."""
-    if not config.actor_rollout_ref.rollout.over_sample:
-        return []
+    """`rollout.over_sample` keeps a pool of samples across steps and `rollout.stream` hands a
+    step's groups over in parts; DAPO's redraw rounds (a rerun of the rollout within the
+    step, on the whole batch) fit neither."""
+    rollout = config.actor_rollout_ref.rollout
     redraws = [n.node_id for n in graph.nodes if n.node_role == NodeRole.DYNAMIC_SAMPLING]
     if not redraws:
         return []
-    return [f"actor_rollout_ref.rollout.over_sample carries samples across steps, and node "
+    problems = []
+    if rollout.over_sample:
+        problems.append(
+            f"actor_rollout_ref.rollout.over_sample carries samples across steps, and node "
             f"{redraws[0]!r} (DYNAMIC_SAMPLING) redraws prompts within a step: use one or the "
-            "other (over_sample: 0, or remove the DYNAMIC_SAMPLING node)"]
+            "other (over_sample: 0, or remove the DYNAMIC_SAMPLING node)")
+    if rollout.stream:
+        problems.append(
+            f"actor_rollout_ref.rollout.stream hands a step's groups over in mini-batches, and "
+            f"node {redraws[0]!r} (DYNAMIC_SAMPLING) filters and redraws the whole batch: use "
+            "one or the other (stream: false, or remove the DYNAMIC_SAMPLING node)")
+    return problems
 
 
 def engine_device_problems(config: JobConfig, device_kinds: set[str]) -> list[str]:

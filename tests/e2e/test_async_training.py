@@ -185,6 +185,37 @@ def test_partial_rollout_takes_new_weights_mid_generation(ray_session: None, ass
     assert all(math.isfinite(x) for x in series(outcome, "actor/pg_loss"))
 
 
+def test_streamed_mini_batches_train_while_their_step_generates(ray_session: None,
+                                                               assets: Path,
+                                                               redis_server: LocalRedis,
+                                                               tmp_path: Path) -> None:
+    """`rollout.stream`: the training side takes each step's groups in two mini-batches (two
+    waves of 2 of the step's 4 prompts), each as soon as its groups are complete, while the
+    rollout of the step still generates; every group is trained whole, once, in its own
+    step, one optimizer step per wave."""
+    steps = 4
+    _, outcome = run_job(assets, redis_server, tmp_path, plan=split_plan(),
+                         trainer={"total_training_steps": steps, "max_staleness": 1, **QUIET},
+                         data=PARTIAL_DATA,
+                         actor_rollout_ref={**PARTIAL_POLICY, "rollout.stream": True,
+                                            "actor.ppo_mini_batch_size": 2,
+                                            "actor.ppo_micro_batch_size_per_rank": 8})
+    assert outcome.state == JobState.SUCCEEDED, outcome.reason
+    ledger = read_trained(tmp_path / "ckpt" / "runs")
+    assert sorted(ledger) == list(range(1, steps + 1))
+    for step, rows in ledger.items():
+        assert len(rows) == 2, rows  # one update per wave
+        waves = [{uid.rsplit("/", 1)[0] for uid in row["uids"]} for row in rows]
+        assert [len(row["uids"]) for row in rows] == [2 * 4, 2 * 4]  # whole groups
+        assert len(waves[0] | waves[1]) == 4 and not waves[0] & waves[1], waves
+        assert all(g.startswith(f"s{step}:") for g in waves[0] | waves[1]), waves
+    overlap = series(outcome, "stream/overlap_s")
+    assert len(overlap) == steps and sum(1 for s in overlap if s > 0) >= steps // 2, overlap
+    assert len(series(outcome, "stream/input_wait_s")) == steps
+    assert sum(series(outcome, "async/stale_dropped_tokens")) == 0.0
+    assert all(math.isfinite(x) for x in series(outcome, "actor/pg_loss"))
+
+
 def test_carried_samples_survive_a_restart_and_train_once(ray_session: None, assets: Path,
                                                          redis_server: LocalRedis,
                                                          tmp_path: Path) -> None:

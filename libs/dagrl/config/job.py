@@ -313,6 +313,12 @@ class RolloutConfig(SamplingConfig, LogProbMicroBatches):
         "as they complete, oldest first, and carries the unfinished ones, tokens and all, "
         "into the next step, so a long response no longer holds the step (0: off; single-turn "
         "rollout nodes; docs/async.md)")
+    stream: bool = option(
+        False, "asynchronous training (trainer.max_staleness): the rollout side hands a "
+        "step's groups over in mini-batches (actor.ppo_mini_batch_size prompts) as they "
+        "complete, and the training side takes an optimizer step on each as soon as it "
+        "arrives instead of waiting for the whole step (actor.ppo_epochs 1; no critic; "
+        "single-turn rollout nodes; docs/async.md)")
 
     def check(self) -> list[str]:
         problems = [*sampling_problems(self), *_below_one(self, LOG_PROB_COUNTS)]
@@ -602,6 +608,7 @@ class JobConfig:
                 f"({actor.ppo_micro_batch_size_per_rank})"
             )
         problems.extend(self._async_problems())
+        problems.extend(self._stream_problems())
         problems.extend(reward_length_problems(self.reward, self.data.max_response_length))
         if algorithm_names.ESTIMATOR_NEEDS[self.algorithm.adv_estimator].groups and n < 2:
             problems.append(
@@ -611,10 +618,49 @@ class JobConfig:
         return problems
 
     @property
+    def stream_waves(self) -> int:
+        """The mini-batches a training step's batch streams in from the rollout side
+        (`rollout.stream`: one per actor optimizer step); 1 without streaming."""
+        if not self.actor_rollout_ref.rollout.stream:
+            return 1
+        return max(1, self.data.train_batch_size
+                   // max(1, self.actor_rollout_ref.actor.ppo_mini_batch_size))
+
+    @property
     def splits_rollout(self) -> bool:
         """Whether the plan puts the rollout side on ranks of its own."""
         split = self.workflow.split_rollout
         return split if split is not None else self.trainer.max_staleness is not None
+
+    def _stream_problems(self) -> list[str]:
+        """What `rollout.stream` needs: an asynchronous plan (the sides on ranks of their own),
+        one optimizer step per streamed mini-batch, and old log-probs that do not depend on
+        the mini-batches trained before it in the step."""
+        if not self.actor_rollout_ref.rollout.stream:
+            return []
+        if self.trainer.max_staleness is None:
+            return ["actor_rollout_ref.rollout.stream hands groups from the rollout side to "
+                    "the training side while the rollout runs, which only asynchronous "
+                    "training does: set trainer.max_staleness (0 keeps the synchronous "
+                    "schedule: the rollout of a step still waits for the update before it)"]
+        problems = []
+        actor = self.actor_rollout_ref.actor
+        if actor.ppo_epochs != 1:
+            problems.append(f"actor_rollout_ref.rollout.stream trains each mini-batch once, "
+                            f"as it arrives; actor.ppo_epochs is {actor.ppo_epochs}: set 1")
+        if not (actor.use_rollout_log_probs or self.algorithm.rollout_correction.mode != "off"):
+            problems.append(
+                "actor_rollout_ref.rollout.stream updates the policy after each mini-batch, so "
+                "a step's later mini-batches meet an updated policy: set actor_rollout_ref."
+                "actor.use_rollout_log_probs (the behaviour policy's log-probs are the old "
+                "ones) or algorithm.rollout_correction.mode (decoupled PPO)")
+        if algorithm_names.ESTIMATOR_NEEDS[self.algorithm.adv_estimator].values:
+            problems.append(
+                f"actor_rollout_ref.rollout.stream: algorithm.adv_estimator "
+                f"{self.algorithm.adv_estimator} needs a critic's values, and the critic "
+                "trains on whole steps: use a critic-free estimator (grpo, rloo, ...) or "
+                "stream false")
+        return problems
 
     def _async_problems(self) -> list[str]:
         staleness = self.trainer.max_staleness

@@ -185,6 +185,11 @@ KEY_ROLLOUT_OVER_SAMPLED_PROMPTS: Final = "rollout/over_sampled_prompts"
 # rollout.engine_process: engines started anew after one died, prompts they continued
 KEY_ROLLOUT_ENGINE_RESTARTS: Final = "rollout/engine_restarts"
 KEY_ROLLOUT_REQUEUED_PROMPTS: Final = "rollout/requeued_prompts"
+# rollout.stream: s a rank's nodes waited for their inputs in a streamed step (the training
+# side waits for each mini-batch the rollout side hands over); s the training of a step ran
+# while its rollout was still generating (the driver's)
+KEY_STREAM_INPUT_WAIT: Final = "stream/input_wait_s"
+KEY_STREAM_OVERLAP: Final = "stream/overlap_s"
 KEY_ASYNC_ROLLOUT_IDLE: Final = "async/rollout_idle_s"  # s the rollout side waited for weights
 KEY_ASYNC_TRAINER_IDLE: Final = "async/trainer_idle_s"  # s the training side waited for data
 KEY_ASYNC_QUEUE_DEPTH: Final = "async/queue_depth"  # steps generated, not yet trained

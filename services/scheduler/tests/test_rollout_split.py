@@ -123,3 +123,35 @@ def test_over_sampling_and_dynamic_sampling_are_refused_together() -> None:
     problems = job_problems(config, load_workflow("dapo"))
     assert any("over_sample" in p and "DYNAMIC_SAMPLING" in p for p in problems), problems
     assert not [p for p in job_problems(config, load_workflow("grpo")) if "over_sample" in p]
+
+
+def test_streaming_needs_an_asynchronous_critic_free_single_epoch_job() -> None:
+    stream = {"rollout": {"stream": True}, "actor": {"use_rollout_log_probs": True}}
+    with pytest.raises(ConfigError, match=r"rollout\.stream .*trainer\.max_staleness"):
+        load_job_config(data={"actor_rollout_ref": stream})
+    with pytest.raises(ConfigError, match=r"ppo_epochs is 2: set 1"):
+        load_job_config(data={"trainer": {"max_staleness": 0}, "actor_rollout_ref": {
+            **stream, "actor": {"use_rollout_log_probs": True, "ppo_epochs": 2}}})
+    with pytest.raises(ConfigError, match=r"rollout\.stream updates the policy after each"):
+        load_job_config(data={"trainer": {"max_staleness": 0},
+                              "actor_rollout_ref": {"rollout": {"stream": True}}})
+    with pytest.raises(ConfigError, match=r"adv_estimator gae needs a critic"):
+        load_job_config(data={"trainer": {"max_staleness": 0}, "actor_rollout_ref": stream,
+                              "algorithm": {"adv_estimator": "gae"}})
+    config = load_job_config(data={
+        "trainer": {"max_staleness": 0}, "data": {"train_batch_size": 32},
+        "actor_rollout_ref": {**stream, "actor": {"use_rollout_log_probs": True,
+                                                  "ppo_mini_batch_size": 8}}})
+    assert config.stream_waves == 4  # one wave per optimizer step of the step's batch
+    config = load_job_config(data={"trainer": {"max_staleness": 0}})
+    assert config.stream_waves == 1
+
+
+def test_streaming_and_dynamic_sampling_are_refused_together() -> None:
+    from dagrl.job_rules import job_problems
+
+    config = load_job_config(data={"trainer": {"max_staleness": 1}, "actor_rollout_ref": {
+        "rollout": {"stream": True}, "actor": {"use_rollout_log_probs": True}}})
+    problems = job_problems(config, load_workflow("dapo"))
+    assert any("rollout.stream" in p and "DYNAMIC_SAMPLING" in p for p in problems), problems
+    assert not [p for p in job_problems(config, load_workflow("grpo")) if "stream" in p]

@@ -18,6 +18,7 @@ from dagrl.tokenizing import encode_chat_prompt
 from dagrl_worker.rank.prompts import prompts_to_batch
 from dagrl_worker.rank.rollout import HFRollout, SamplingParams
 from dagrl_worker.rank.rollout.base import HeldWeights
+from dagrl_worker.rank.executors.rollout import wave_quota
 from dagrl_worker.rank.rollout.carry_over import CarryOver
 
 SHORT, LONG = 2, 12  # response budgets: one prompt in four is long
@@ -107,6 +108,34 @@ def test_steps_hand_over_complete_groups_and_carry_the_long_ones(tiny_checkpoint
     # the long prompts of step 1 were started first but finished after short later ones
     step_of = {g: step for step, out in handed.items() for g in out.group_ids}
     assert step_of["s1:100"] > step_of["s1:101"]
+
+
+def test_a_streamed_step_hands_its_groups_over_in_waves_each_once(tiny_checkpoint: Path) -> None:
+    """`rollout.stream`: a step's groups leave the pool in `waves` parts as they complete, the
+    long ones last; together they are the step's groups, each once, with the responses a
+    step generated in one go has (greedy), and nothing stays in the pool."""
+    assert [wave_quota(5, w, 2) for w in range(2)] == [2, 3]
+    assert [wave_quota(3, w, 4) for w in range(4)] == [0, 1, 1, 1]
+    model, tokenizer = load_model_and_tokenizer(tiny_checkpoint)
+    backend = HFRollout(model, tokenizer)
+    pool = CarryOver(backend, backend.pad_token_id, over_sample=0.0)
+    prompts = prompts_to_batch(_rows(tokenizer, 0, 8), tokenizer.pad_token_id, "s1")
+    pool.open_step(prompts, GREEDY, lambda count: pytest.fail("nothing to over-sample"))
+    waves = [pool.hand_over(wave_quota(len(prompts), w, 2), GREEDY, HeldWeights(0))
+             for w in range(2)]
+    pool.close_step(1)
+
+    handed = [list(dict.fromkeys(out.group_ids)) for out in waves]
+    assert [len(groups) for groups in handed] == [4, 4]
+    assert sorted(handed[0] + handed[1]) == sorted(set(prompts.group_ids))
+    long_groups = {f"s1:{i}" for i in (0, 4)}  # i % 4 == 0: 12 tokens, not 2
+    assert long_groups <= set(handed[1]), handed  # they finish after the short ones
+    assert pool.carried == 0 and pool.state_at(1) == {}
+    straight = backend.generate(prompts, GREEDY)
+    expected = dict(zip(straight.uids, straight.tensors[fields.RESPONSES], strict=True))
+    for out in waves:
+        for row, uid in enumerate(out.uids):
+            assert torch.equal(out.tensors[fields.RESPONSES][row], expected[uid]), uid
 
 
 def test_a_saved_pool_continues_as_the_running_one(tiny_checkpoint: Path) -> None:

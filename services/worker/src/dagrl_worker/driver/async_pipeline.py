@@ -21,6 +21,11 @@ needs no collective (a broadcast would make the trainer wait until the rollout r
 the matching call), works across machines, and reads from shared memory on one machine; the
 cost is a host copy of the model per published version, freed when the next one replaces it.
 
+With `rollout.stream` the training side's step t starts as soon as the rollout of t has
+started, not when it is done: both sides walk their nodes once per mini-batch (a wave), the
+rollout side handing each wave's complete groups over through the databuffer, the training
+side taking an optimizer step on each as it arrives (`GraphRunner.walk`).
+
 A checkpoint after step s records the steps generated but not yet trained; the prompt loader
 is saved as of step s, so a resume (or a restart after a worker died) generates those steps
 again from the same prompts: every prompt is trained once, in the same order as without the
@@ -67,16 +72,19 @@ class StepRecord:
     rollout_summaries: list[Any] = field(default_factory=list)
     rollout_version: int = 0
     generated: bool = False
+    overlap: float = 0.0  # s its training ran while its rollout generated (rollout.stream)
 
 
 class Pipeline:
     """The pipelined training loop (`training_loop.TrainingLoop`)."""
 
     def __init__(self, parts: LoopParts, sides: RankSides, max_staleness: int,
-                 partial: bool = False) -> None:
+                 partial: bool = False, stream: bool = False) -> None:
         """`partial` (`rollout.partial`): every published version also goes on a board the
-        rollout ranks poll while generating, so a rollout in flight takes it mid-way."""
+        rollout ranks poll while generating, so a rollout in flight takes it mid-way.
+        `stream` (`rollout.stream`): a step's training starts with its rollout."""
         self.parts = parts
+        self.stream = stream
         self.group = parts.group
         self.sides = sides
         self.k = max_staleness
@@ -134,7 +142,9 @@ class Pipeline:
     def _launch_training(self) -> None:
         step = self.trained + 1
         record = self.steps.get(step)
-        if self.training is not None or record is None or not record.generated:
+        if self.training is not None or record is None:
+            return
+        if not (record.generated or self.stream):  # streamed: it reads each wave as it comes
             return
         now = time.perf_counter()
         self.trainer_idle += now - self.trainer_idle_since
@@ -155,11 +165,18 @@ class Pipeline:
         record.generated = True
         self._log_task(task)
         self.rollout = None
-        self.rollout_idle_since = time.perf_counter()
+        self.rollout_idle_since = now = time.perf_counter()
+        training = self.training
+        if training is not None and training.step == task.step:
+            record.overlap = now - training.started
 
     def _finish_training(self) -> None:
         task = self.training
         assert task is not None
+        rollout = self.rollout
+        if rollout is not None and rollout.step == task.step:  # streamed: ends after its last
+            ray.wait(rollout.refs, num_returns=len(rollout.refs))  # wave's hand-over
+            self._finish_rollout()
         summaries = ray.get(task.refs)
         self._log_task(task)
         self.training = None
@@ -186,6 +203,8 @@ class Pipeline:
                    names.KEY_ASYNC_TRAINER_IDLE: self.trainer_idle,
                    names.KEY_ASYNC_QUEUE_DEPTH: float(ahead),
                    names.KEY_ASYNC_ROLLOUT_VERSION: float(record.rollout_version)}
+        if self.stream:
+            metrics[names.KEY_STREAM_OVERLAP] = record.overlap
         self.rollout_idle = self.trainer_idle = 0.0
         return metrics
 

@@ -136,8 +136,8 @@ class Driver:
         if staleness is None:
             return SynchronousLoop(parts)
         sides = rank_sides(self.spec.workflow(), self.spec.plan_view())
-        return Pipeline(parts, sides, staleness,
-                        partial=self.config.actor_rollout_ref.rollout.partial)
+        rollout = self.config.actor_rollout_ref.rollout
+        return Pipeline(parts, sides, staleness, partial=rollout.partial, stream=rollout.stream)
 
     def _end(self, state: JobState, reason: str = "") -> JobOutcome:
         self.outcome.state, self.outcome.reason = state, reason

@@ -108,9 +108,10 @@ class EdgeRouter:
                   and node.node_role in (NodeRole.ACTOR, NodeRole.CRITIC))
         return not (self.balance_batch and trains and used.dp_size > 1)
 
-    def publish(self, step: int, producer: str, batch: Batch) -> None:
+    def publish(self, step: int, producer: str, batch: Batch, part: str = "") -> None:
         """Hand a node's output to each consumer edge (a databuffer shard goes to this
-        machine's instance when there is one per machine)."""
+        machine's instance when there is one per machine); `part` tells the parts of a
+        streamed step's edge apart (`graph_runner.wave_part`)."""
         self.local[producer] = batch
         layout = self.plan.layout(producer)
         dp_rank = layout.dp_rank(self.rank)
@@ -118,7 +119,7 @@ class EdgeRouter:
             if self.running is not None and consumer not in self.running:
                 continue
             if not self.is_local(producer, consumer):
-                edge = edge_name(producer, consumer)
+                edge = edge_name(producer, consumer) + part
                 store = self._require_store()
                 home = self.plan.home_of(producer, dp_rank) if store.instance_count > 1 else 0
                 with telemetry.phase_span(telemetry.SPAN_DATABUFFER_PUT) as span:
@@ -126,7 +127,7 @@ class EdgeRouter:
                                      producer_size=layout.dp_size, home=home)
                     span.add_bytes(int(info.nbytes))
 
-    def inputs(self, step: int, consumer: str) -> Batch:
+    def inputs(self, step: int, consumer: str, part: str = "") -> Batch:
         """The consumer's input on this rank: its parents' outputs, joined row by row.
 
         A lineage parent (a later agent's samples, `lineage_link`) read from the databuffer
@@ -144,30 +145,30 @@ class EdgeRouter:
             if chain is not None:
                 wanted = {chained_group_id(uid, self.graph[chain].agent_group)
                           for uid in parts[0].uids}
-            parts.append(self._get(step, producer, consumer, wanted))
+            parts.append(self._get(step, producer, consumer, wanted, part))
         return join_by_uid(parts)
 
     def _get(self, step: int, producer: str, consumer: str,
-             group_ids: set[str] | None) -> Batch:
+             group_ids: set[str] | None, part: str = "") -> Batch:
         """This rank's part of a databuffer edge: its dp share, or the groups named."""
         layout = self.plan.layout(consumer)
         store = self._require_store()
-        edge = edge_name(producer, consumer)
+        edge = edge_name(producer, consumer) + part
         producers = self.plan.layout(producer).dp_size
         homes = ([self.plan.home_of(producer, d) for d in range(producers)]
                  if store.instance_count > 1 else None)
         with telemetry.phase_span(telemetry.SPAN_DATABUFFER_GET) as span:
             if group_ids is None:
-                part = store.get(self.job_id, step, edge, layout.dp_rank(self.rank),
+                shard = store.get(self.job_id, step, edge, layout.dp_rank(self.rank),
                                  layout.dp_size, producers=producers, timeout_s=self.timeout_s,
                                  homes=homes)
             else:
-                part = store.get_groups(self.job_id, step, edge, group_ids,
+                shard = store.get_groups(self.job_id, step, edge, group_ids,
                                         layout.dp_rank(self.rank), layout.dp_size,
                                         producers=producers, timeout_s=self.timeout_s,
                                         homes=homes)
-            span.set_batch_size(len(part))
-        return part
+            span.set_batch_size(len(shard))
+        return shard
 
     def clear(self) -> None:
         self.local.clear()

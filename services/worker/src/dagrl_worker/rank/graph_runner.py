@@ -78,28 +78,42 @@ class GraphRunner:
                            regenerate=regenerate, validating=validating,
                            policy_version=self.policy.version,
                            in_flight=None if validating else self.policy.in_flight,
-                           draw_prompts=draw)
+                           draw_prompts=draw,
+                           waves=1 if validating else self.config.stream_waves)
 
     def walk(self, ctx: StepContext, global_prompts: PromptRows, nodes: list[str],
              router: EdgeRouter, tag: str = "") -> None:
-        """Run `nodes` (this rank's, in topological order) once: entry nodes take their dp
-        share of `global_prompts` (uids tagged `s<step><tag>`), the rest their parents'
-        outputs through `router`, keyed by `ctx.step`."""
+        """Run `nodes` (this rank's, in topological order) once per wave of `ctx` (once,
+        unless the step streams, `rollout.stream`): entry nodes take their dp share of
+        `global_prompts` (uids tagged `s<step><tag>`), the rest their parents' outputs through
+        `router`, keyed by `ctx.step` and the wave."""
         step = ctx.step
-        for node_id in nodes:
-            if self.graph.parents(node_id):
-                batch = router.inputs(step, node_id)
-            else:
-                batch = self.entry_input(node_id, step, global_prompts, tag)
-            started = time.perf_counter()
-            node = self.graph[node_id]
-            with telemetry.node_span(node_id, deps=node.dependencies,
-                                     step_phase=self.phases[node_id]) as span:
-                span.set_batch_size(len(batch))
-                output = self.run_node(node_id, batch, self._node_context(ctx, node_id))
-            ctx.sink.add(telemetry.node_timing_key(node_id), time.perf_counter() - started,
-                         Reduce.MAX)
-            router.publish(step, node_id, output)
+        elapsed = dict.fromkeys(nodes, 0.0)
+        waited = 0.0  # s a streamed step's nodes waited for their inputs
+        entries: dict[str, Batch] = {}
+        for wave in range(ctx.waves):
+            wave_ctx = dataclasses.replace(ctx, wave=wave) if ctx.waves > 1 else ctx
+            part = wave_part(wave, ctx.waves)
+            for node_id in nodes:
+                started = time.perf_counter()
+                if self.graph.parents(node_id):
+                    batch = router.inputs(step, node_id, part)
+                    waited += time.perf_counter() - started
+                else:  # a streamed step's later waves continue what the first one started
+                    if node_id not in entries:
+                        entries[node_id] = self.entry_input(node_id, step, global_prompts, tag)
+                    batch = entries[node_id]
+                node = self.graph[node_id]
+                with telemetry.node_span(node_id, deps=node.dependencies,
+                                         step_phase=self.phases[node_id]) as span:
+                    span.set_batch_size(len(batch))
+                    output = self.run_node(node_id, batch, self._node_context(wave_ctx, node_id))
+                elapsed[node_id] += time.perf_counter() - started
+                router.publish(step, node_id, output, part)
+        for node_id, seconds in elapsed.items():
+            ctx.sink.add(telemetry.node_timing_key(node_id), seconds, Reduce.MAX)
+        if ctx.waves > 1:
+            ctx.sink.add(telemetry.KEY_STREAM_INPUT_WAIT, waited, Reduce.MAX)
 
     def run_node(self, node_id: str, batch: Batch, ctx: StepContext) -> Batch:
         """The node's executor, with the policy version on a rollout's samples and, before a
@@ -162,6 +176,11 @@ class GraphRunner:
             return ctx
         agent = self.graph[node_id].agent_group
         return dataclasses.replace(ctx, sink=ctx.sink.scoped(telemetry.agent_prefix(agent)))
+
+
+def wave_part(wave: int, waves: int) -> str:
+    """The suffix of a streamed step's edges in the databuffer: each wave's part apart."""
+    return f"/w{wave}" if waves > 1 else ""
 
 
 def promised_writes(graph: TaskGraph, node_id: str,

@@ -79,6 +79,14 @@ class StepContext:
     # rollout.over_sample: `count` prompts beyond the step's batch, drawn for node `node_id`
     # on this rank (an over-sampled pool, `rollout.carry_over`); set by the DAGWorker
     draw_prompts: Callable[[str, int], Batch] | None = None
+    # rollout.stream: the step's nodes run once per wave, each wave one mini-batch of groups
+    # handed from the rollout side to the training side (`GraphRunner.walk`)
+    wave: int = 0
+    waves: int = 1
+
+    @property
+    def last_wave(self) -> bool:
+        return self.wave == self.waves - 1
 
 
 class UnsupportedNodeError(InvalidInputError):

@@ -53,8 +53,11 @@ def critic_plan(config: JobConfig) -> MiniBatchPlan:
 
 def _plan(config: JobConfig, mini_batch_size: int, micro: MicroBatching,
           epochs: int) -> MiniBatchPlan:
+    """Optimizer steps per call: the step's batch in mini-batches, or, when the batch streams
+    in one mini-batch per wave (`rollout.stream`), each wave's part in one."""
     mini_batches = max(1, math.ceil(config.data.train_batch_size / mini_batch_size))
-    return MiniBatchPlan(mini_batches=mini_batches, micro=micro, epochs=epochs)
+    return MiniBatchPlan(mini_batches=max(1, mini_batches // config.stream_waves), micro=micro,
+                         epochs=epochs)
 
 
 class ValuesExecutor:

@@ -88,12 +88,16 @@ def engine_replacements(backend: RolloutBackend) -> tuple[int, int] | None:
 class RolloutExecutor:
     def __init__(self, node_id: str, backend: RolloutBackend, sampling: RolloutSampling,
                  carry: CarryOver | None = None) -> None:
-        """`carry`: `rollout.over_sample`'s pool; training steps hand over complete groups
-        and carry the rest into the next step (`rollout.carry_over`)."""
+        """`carry`: the pool of samples in progress of `rollout.over_sample` (training steps
+        hand over complete groups and carry the rest into the next step, `rollout.carry_over`)
+        and of `rollout.stream` (a step hands its groups over in one part per wave)."""
         self.node_id = node_id
         self.backend = backend
         self.sampling = sampling
         self.carry = carry
+        # the step being handed over: its groups on this rank, the weights loads before it
+        self._step_groups = 0
+        self._loads_before = 0
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
         RolloutInputs.of(batch, self.node_id)  # checked here; the backend samples the Batch
@@ -111,8 +115,10 @@ class RolloutExecutor:
                              float(ctx.in_flight.loads - loads), Reduce.MAX)
                 record_continued(out, ctx)
             # frees the engine's memory while the rank trains (GPU); a training step's weight
-            # sync comes before its next generation, a validation pass's does not
-            self.backend.sleep(weights_follow=not ctx.validating)
+            # sync comes before its next generation, a validation pass's does not. A streamed
+            # step's pool goes on generating until its last wave.
+            if ctx.last_wave:
+                self.backend.sleep(weights_follow=not ctx.validating)
             lengths = out.tensors[fields.RESPONSE_MASK].sum(dim=1).float()  # [B]
             span.set_batch_size(len(out))
             span.add_tokens(int(lengths.sum()))
@@ -134,22 +140,35 @@ class RolloutExecutor:
         return out
 
     def _carried_over(self, batch: Batch, params: SamplingParams, ctx: StepContext) -> Batch:
-        """The step's complete groups from the over-sampled pool (`rollout.carry_over`)."""
+        """This wave's complete groups from the pool (`rollout.carry_over`): the step's whole
+        quota in one wave, or its `wave_quota` share of a streamed step (`rollout.stream`,
+        whose later waves ignore `batch`: the pool holds the step's prompts)."""
         carry, draw = self.carry, ctx.draw_prompts
         assert carry is not None
         if draw is None:
             raise FailedPreconditionError(
-                f"node {self.node_id!r}: rollout.over_sample draws prompts beyond the step's "
-                "batch through the step context (GraphRunner.step_context); this context has "
-                "no draw_prompts")
+                f"node {self.node_id!r}: a rollout pool (rollout.over_sample, rollout.stream) "
+                "draws prompts through the step context (GraphRunner.step_context); this "
+                "context has no draw_prompts")
         weights = ctx.in_flight or HeldWeights(ctx.policy_version)
-        loads = weights.loads
-        out = carry.generate(batch, params, weights, ctx.step,
-                             lambda count: draw(self.node_id, count))
+        if ctx.wave == 0:
+            self._step_groups, self._loads_before = len(batch), weights.loads
+            carry.open_step(batch, params, lambda count: draw(self.node_id, count))
+        out = carry.hand_over(wave_quota(self._step_groups, ctx.wave, ctx.waves), params,
+                              weights)
+        record_continued(out, ctx)
+        if not ctx.last_wave:
+            return out
+        carry.close_step(ctx.step)
         if ctx.in_flight is not None:
-            ctx.sink.add(telemetry.KEY_ROLLOUT_IN_FLIGHT_LOADS, float(weights.loads - loads),
-                         Reduce.MAX)
+            ctx.sink.add(telemetry.KEY_ROLLOUT_IN_FLIGHT_LOADS,
+                         float(weights.loads - self._loads_before), Reduce.MAX)
         ctx.sink.add(telemetry.KEY_ROLLOUT_CARRIED_SAMPLES, float(carry.carried), Reduce.SUM)
         ctx.sink.add(telemetry.KEY_ROLLOUT_OVER_SAMPLED_PROMPTS, float(carry.drawn), Reduce.SUM)
-        record_continued(out, ctx)
         return out
+
+
+def wave_quota(groups: int, wave: int, waves: int) -> int:
+    """The groups wave `wave` of `waves` hands over of a step's `groups` (on one rank): as
+    even as whole groups allow, every group in exactly one wave."""
+    return groups * (wave + 1) // waves - groups * wave // waves

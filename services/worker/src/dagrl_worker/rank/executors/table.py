@@ -208,10 +208,16 @@ def _rollout_executor(node: Node, models: AgentModels, backend: RolloutBackend,
     by the chain executor when they set a chain_template."""
     options = agent_options(node.node_id, node.agent_options)
     sampling = RolloutSampling.of(config)
-    if options.agent is not None and config.actor_rollout_ref.rollout.over_sample:
-        raise ConfigError(f"node {node.node_id!r}: actor_rollout_ref.rollout.over_sample "
-                          "carries single-turn samples across steps, not agent programs' "
-                          "episodes: set over_sample to 0")
+    rollout_config = config.actor_rollout_ref.rollout
+    pooled = [name for name, on in (("over_sample", rollout_config.over_sample),
+                                    ("stream", rollout_config.stream)) if on]
+    single_turn = options.agent is None and options.env is None \
+        and options.chain_template is None
+    if pooled and not single_turn:
+        raise ConfigError(f"node {node.node_id!r}: actor_rollout_ref.rollout.{pooled[0]} "
+                          "hands single-turn samples over as their groups complete; this node "
+                          "runs agent programs or multi-turn episodes (agent_options.agent, "
+                          f"env or chain_template): turn {pooled[0]} off")
     if options.agent is not None:  # a user's agent program against the endpoint
         program = cast(Any, resolve_ref(options.agent, kind="callable"))  # checked when run
         # imported here: the agent gateway's HTTP stack loads only in jobs with agent programs
@@ -219,15 +225,10 @@ def _rollout_executor(node: Node, models: AgentModels, backend: RolloutBackend,
 
         return AgentRolloutExecutor(backend, models.tokenizer, options, program, sampling,
                                     gateway_limits(options, config.data))
-    over_sample = config.actor_rollout_ref.rollout.over_sample
-    single_turn = options.env is None and options.chain_template is None
-    if over_sample and not single_turn:
-        raise ConfigError(f"node {node.node_id!r}: actor_rollout_ref.rollout.over_sample "
-                          "carries single-turn samples across steps; this node runs "
-                          "multi-turn episodes (agent_options.env or chain_template): set "
-                          "over_sample to 0")
-    carry = (CarryOver(cast(AdvancingBackend, backend), backend.pad_token_id, over_sample)
-             if over_sample else None)
+    # a pool of samples in progress: carried across steps (over_sample), handed over in
+    # mini-batches (stream), or both
+    carry = (CarryOver(cast(AdvancingBackend, backend), backend.pad_token_id,
+                       rollout_config.over_sample) if pooled else None)
     rollout: Executor = RolloutExecutor(node.node_id, backend, sampling, carry)
     if options.env is not None:
         try:

@@ -60,6 +60,15 @@ class CarryOver:
         """Step `step`'s rollout: as many complete groups as `prompts` has rows (n samples
         each, the oldest complete groups first); `draw(k)` gives k prompts beyond the step's
         batch when the pool is short of `over_sample` x that."""
+        self.open_step(prompts, params, draw)
+        handed = self.hand_over(len(prompts), params, in_flight)
+        self.close_step(step)
+        return handed
+
+    def open_step(self, prompts: Batch, params: SamplingParams,
+                  draw: Callable[[int], Batch]) -> None:
+        """Add a step's prompts (n samples each) to the pool, and the extra prompts `draw(k)`
+        gives while fewer than `over_sample` x the step's groups are carried."""
         quota = len(prompts)
         self.drawn = 0
         parts = [] if self.pool is None else [self.pool]
@@ -72,12 +81,23 @@ class CarryOver:
             self.drawn = len(extra)
             parts.append(SampleStates.fresh(extra.repeat_interleave(params.n),
                                             params.max_new_tokens, self.pad_token_id))
-        pool = join(parts)
-        if quota:
-            self.backend.advance(pool, params, in_flight, quota_groups=quota)
-        handed, self.pool = pool.split_groups(pool.complete_groups()[:quota])
-        self._snapshot(step)
+        self.pool = join(parts)
+
+    def hand_over(self, groups: int, params: SamplingParams,
+                  in_flight: InFlightWeights | None) -> Batch:
+        """`groups` complete groups, the oldest first, generating until there are that many
+        (a streamed step hands its groups over in several parts, `rollout.stream`)."""
+        pool = self.pool
+        if pool is None:
+            raise InvalidInputError("hand_over before open_step: the pool has no samples")
+        if groups and len(pool.complete_groups()) < groups:
+            self.backend.advance(pool, params, in_flight, quota_groups=groups)
+        handed, self.pool = pool.split_groups(pool.complete_groups()[:groups])
         return handed.to_batch(with_versions=True)
+
+    def close_step(self, step: int) -> None:
+        """The step is handed over: what stays in the pool is carried out of step `step`."""
+        self._snapshot(step)
 
     @property
     def carried(self) -> int:
