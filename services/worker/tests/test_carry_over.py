@@ -15,10 +15,10 @@ from dagrl.batch import schema as fields
 from dagrl.errors import InvalidInputError
 from dagrl.models import load_model_and_tokenizer
 from dagrl.tokenizing import encode_chat_prompt
+from dagrl_worker.rank.executors.rollout import wave_quota
 from dagrl_worker.rank.prompts import prompts_to_batch
 from dagrl_worker.rank.rollout import HFRollout, SamplingParams
 from dagrl_worker.rank.rollout.base import HeldWeights
-from dagrl_worker.rank.executors.rollout import wave_quota
 from dagrl_worker.rank.rollout.carry_over import CarryOver
 
 SHORT, LONG = 2, 12  # response budgets: one prompt in four is long
