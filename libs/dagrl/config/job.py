@@ -307,6 +307,9 @@ class RolloutConfig(SamplingConfig, LogProbMicroBatches):
         "memory) the rank starts a new one from the newest weights and continues every "
         "unfinished sample from its tokens, without restarting the job "
         "(rollout/engine_restarts; keeps a host copy of the weights; docs/rollout.md)")
+    engine_timeout_s: float = option(
+        300.0, "engine_process: an engine that returns nothing for this long while it has "
+        "requests in flight (hung) is killed (SIGKILL) and replaced like one that died")
     over_sample: float = option(
         0.0, "asynchronous training (trainer.max_staleness >= 1): keep this fraction of a "
         "step's prompt groups in progress beyond it; each step hands over its quota of groups "
@@ -330,6 +333,9 @@ class RolloutConfig(SamplingConfig, LogProbMicroBatches):
             problems.append("engine_process serves one engine per rank; tensor parallel "
                             "engines (tensor_model_parallel_size > 1) run in the ranks' own "
                             "processes: set engine_process false")
+        if self.engine_timeout_s <= 0:
+            problems.append(f"engine_timeout_s must be > 0 (seconds), got "
+                            f"{self.engine_timeout_s}")
         if not 0 <= self.over_sample <= 16:
             problems.append(f"over_sample must be in [0, 16] (a fraction of the step's prompt "
                             f"groups), got {self.over_sample}")

@@ -95,15 +95,16 @@ class GraphRunner:
             wave_ctx = dataclasses.replace(ctx, wave=wave) if ctx.waves > 1 else ctx
             part = wave_part(wave, ctx.waves)
             for node_id in nodes:
-                started = time.perf_counter()
                 if self.graph.parents(node_id):
+                    asked = time.perf_counter()
                     batch = router.inputs(step, node_id, part)
-                    waited += time.perf_counter() - started
+                    waited += time.perf_counter() - asked
                 else:  # a streamed step's later waves continue what the first one started
                     if node_id not in entries:
                         entries[node_id] = self.entry_input(node_id, step, global_prompts, tag)
                     batch = entries[node_id]
                 node = self.graph[node_id]
+                started = time.perf_counter()  # the node's own time, its inputs' wait apart
                 with telemetry.node_span(node_id, deps=node.dependencies,
                                          step_phase=self.phases[node_id]) as span:
                     span.set_batch_size(len(batch))

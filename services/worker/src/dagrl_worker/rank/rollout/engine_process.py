@@ -7,7 +7,9 @@ vLLM's multiprocessing runs the engine core in a child process, so an engine tha
 raises vLLM's `EngineDeadError`, and the rank starts a new engine from the newest weights
 it was given and carries on (`VLLMRollout.advance` continues every unfinished sample from
 the tokens it has). A watcher thread per engine turns the process's exit into that error for
-whoever waits on the engine (`_fail_waiters_on_exit`).
+whoever waits on the engine (`_fail_waiters_on_exit`). An engine that stops answering
+(no output for `rollout.engine_timeout_s` while the rank waits on it: hung, not dead) is
+killed by a second thread (`_kill_when_silent`) and goes the same way.
 
 The newest weights must be where a new engine can load them, so this class keeps the
 engine's full weights on the host (one copy of the model) and writes them as
@@ -23,10 +25,12 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import tempfile
+import time
 import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from multiprocessing.connection import wait
 from pathlib import Path
 from threading import Thread
@@ -103,12 +107,35 @@ def _fail_waiters_on_exit(sentinels: list[Any], core: Any) -> None:
             future.set_exception(EngineDeadError())
 
 
+def _kill_when_silent(engine: weakref.ref[EngineProcess], period_s: float) -> None:
+    """While `engine` lives: SIGKILL its process once the rank has waited on it longer than
+    its `timeout_s` (`EngineProcess.answering`); the exit then fails the wait
+    (`_fail_waiters_on_exit`) and the rank replaces the engine as one that died."""
+    while (process := engine()) is not None:
+        since = process.waiting_since
+        if since is not None and time.monotonic() - since > process.timeout_s:
+            process.waiting_since = None
+            pids = process.pids()
+            log.warning("the rollout engine process %s returned nothing for %.0f s "
+                        "(rollout.engine_timeout_s) while requests were in flight: killing "
+                        "it to start a new one", pids, process.timeout_s)
+            for pid in pids:
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            process.silenced += 1
+        del process  # held only while looking: the engine may be collected meanwhile
+        time.sleep(period_s)
+
+
 class EngineProcess:
     """One engine core in a child process, the newest weights on disk beside it."""
 
-    def __init__(self, model_path: str, arguments: dict[str, Any], dtype: torch.dtype) -> None:
+    def __init__(self, model_path: str, arguments: dict[str, Any], dtype: torch.dtype,
+                 timeout_s: float = 300.0) -> None:
         """`arguments`: vLLM's `LLM(...)` arguments (`vllm_engine.engine_arguments`); its
-        model is replaced by this engine's own folder. `dtype`: the engine's weights dtype."""
+        model is replaced by this engine's own folder. `dtype`: the engine's weights dtype.
+        `timeout_s` (`rollout.engine_timeout_s`): how long the rank waits on the engine
+        before it counts as hung."""
         source = Path(model_path)
         shards = sorted(source.glob("*.safetensors"))
         if not shards:
@@ -132,7 +159,12 @@ class EngineProcess:
         self.stale = False  # weights updated here, not yet loaded by the engine
         self.restarts = 0
         self.requeued_prompts = 0
+        self.timeout_s = timeout_s
+        self.waiting_since: float | None = None  # monotonic s; None: nobody waits on it
+        self.silenced = 0  # engines killed for not answering
         self.llm = self._start()
+        Thread(target=_kill_when_silent, name="dagrl-engine-silence", daemon=True,
+               args=(weakref.ref(self), min(1.0, timeout_s / 4))).start()
 
     def _start(self) -> Any:
         from vllm import LLM
@@ -147,6 +179,16 @@ class EngineProcess:
 
     def _write(self) -> None:
         save_file(self.weights, str(self.folder / _WEIGHTS_FILE), metadata={"format": "pt"})
+
+    @contextmanager
+    def answering(self) -> Iterator[None]:
+        """Around a call that waits on the engine: past `timeout_s` the engine is killed
+        (`_kill_when_silent`) and the call raises vLLM's `EngineDeadError`."""
+        self.waiting_since = time.monotonic()
+        try:
+            yield
+        finally:
+            self.waiting_since = None
 
     def pids(self) -> list[int]:
         """The engine core processes' ids."""
@@ -172,8 +214,10 @@ class EngineProcess:
         self._write()
         self.stale = False
         try:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self.folder)})
-            reset = self.llm.reset_prefix_cache()
+            with self.answering():
+                self.llm.collective_rpc("reload_weights",
+                                        kwargs={"weights_path": str(self.folder)})
+                reset = self.llm.reset_prefix_cache()
         except EngineDeadError:
             self.replace(requeued_prompts=0)  # the new engine starts from the new weights
             return

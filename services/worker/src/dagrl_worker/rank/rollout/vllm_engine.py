@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -191,7 +192,8 @@ class VLLMRollout:
         self.process: EngineProcess | None = None
         if config.engine_process:
             self.process = EngineProcess(model_path, arguments,
-                                         _torch_dtype(arguments["dtype"], model_path))
+                                         _torch_dtype(arguments["dtype"], model_path),
+                                         timeout_s=config.engine_timeout_s)
         self._llm = None if self.process is not None else LLM(**arguments)
         self._segments = 0  # interruptible generation's request batches, for unique ids
         self.dtype = self.llm.llm_engine.model_config.dtype  # what "auto" resolved to
@@ -274,7 +276,9 @@ class VLLMRollout:
                         self._sampling_params(left, uid))
                     ids[request_id] = row
                 while engine.has_unfinished_requests():
-                    for output in engine.step():
+                    with self._answering():  # a hung engine process is killed, then replaced
+                        outputs = engine.step()
+                    for output in outputs:
                         latest[ids[output.request_id]] = output
                     interrupted = in_flight is not None and in_flight.newer()
                     if quota_groups is not None:
@@ -299,6 +303,11 @@ class VLLMRollout:
                 version = in_flight.load()  # type: ignore[union-attr]
             if not interrupted or enough:
                 return
+
+    def _answering(self) -> AbstractContextManager[None]:
+        """Around a wait on the engine: bounded for an engine process
+        (`EngineProcess.answering`), as it was for an engine in this process."""
+        return self.process.answering() if self.process is not None else nullcontext()
 
     def _sampling_params(self, params: SamplingParams, uid: str | None) -> Any:
         from vllm import SamplingParams as EngineSamplingParams
