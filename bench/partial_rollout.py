@@ -109,6 +109,7 @@ class Workload:
     long: int
     model: Path | None = None  # None: the random-init model of the demo's shape
     lr: float = 5e-4  # the demo's 1e-4 barely moves a random-init policy's reward in 16 steps
+    max_prompt_length: int | None = None  # None: the demo job's
 
     @property
     def max_model_len(self) -> int:
@@ -157,7 +158,7 @@ def smollm2_long_tail() -> Workload:
         record["extra_info"] = info
     return Workload("smollm2", write_parquet(records, FOLDER / "train_smollm2_tail.parquet"),
                     SMOLLM2_SHORT, SMOLLM2_LONG, model=SMOLLM2_ASSETS / "model",
-                    lr=SMOLLM2_LR)
+                    lr=SMOLLM2_LR, max_prompt_length=96)
 
 
 def job_config(mode: str, steps: int, workload: Workload, backend: str = "vllm",
@@ -173,6 +174,8 @@ def job_config(mode: str, steps: int, workload: Workload, backend: str = "vllm",
         policy["rollout"]["max_model_len"] = workload.max_model_len
     if workload.model is not None:
         policy["model"]["path"] = str(workload.model)
+    if workload.max_prompt_length is not None:
+        config["data"]["max_prompt_length"] = workload.max_prompt_length
     policy["actor"]["ppo_mini_batch_size"] = PROMPTS_PER_STEP  # one optimizer step
     policy["actor"]["ppo_micro_batch_size_per_rank"] = PROMPTS_PER_STEP * SAMPLES_PER_PROMPT
     policy["actor"]["optim"]["lr"] = workload.lr
@@ -226,10 +229,13 @@ def check_workload(workload: Workload, sync: list[JobOutcome],
             sys.exit(f"an over-sampled job carried nothing in some steps: {carried}")
 
 
-def check_stream(name: str, outcome: JobOutcome) -> None:
-    """Two mini-batches a step, and the training of most steps overlapped their rollout."""
+def check_stream(name: str, outcome: JobOutcome, rollout_bound: bool) -> None:
+    """Two mini-batches a step, and (where the rollout is the bottleneck, as on the demo
+    workload) the training of most steps overlapped their rollout. Where the update is the
+    bottleneck (SmolLM2 on 2 cores) a step's rollout is done before its training may start:
+    there is nothing to overlap."""
     overlapped = [m["stream/overlap_s"] > 0 for m in steady(outcome)]
-    if sum(overlapped) < len(overlapped) // 2:
+    if rollout_bound and sum(overlapped) < len(overlapped) // 2:
         sys.exit(f"{name}: the training of a step overlapped its own rollout in only "
                  f"{sum(overlapped)} of {len(overlapped)} steady steps: not streaming")
     rows = read_trained(FOLDER / name / "runs")
@@ -275,7 +281,7 @@ def main() -> None:
     for index, outcome in enumerate(outcomes["async"]):
         check_async(f"async-{index}", outcome)
     for index, outcome in enumerate(outcomes.get("stream", [])):
-        check_stream(f"stream-{index}", outcome)
+        check_stream(f"stream-{index}", outcome, rollout_bound=workload.model is None)
     rates = {mode: samples_per_s(outcomes[mode]) for mode in modes}
     pipelined = modes[1:]
     idle = {mode: statistics.mean(rollout_idle_fraction(o) for o in outcomes[mode])

@@ -16,6 +16,11 @@ groups must finish all of them. The extra prompts are drawn like DAPO's extra ro
 keyed by seed, step and rank: they never move the shared prompt loader, and a resumed run
 draws the same ones).
 
+The same pool serves streaming (`rollout.stream`, with or without over-sampling): a step
+opens (`open_step`), hands its groups over in one part per wave (`hand_over`, each part as
+soon as that many groups are complete) and closes (`close_step`); `generate` is the one-wave
+step.
+
 A checkpoint of step s keeps the pool as it was carried out of step s (`state_at`), however
 far the rollout side has run ahead by then; a resume restores it (`restore`), so every
 prompt started is handed over once, with the tokens it had.
