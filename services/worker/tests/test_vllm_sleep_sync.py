@@ -28,7 +28,7 @@ from dagrl_worker.rank.executors.rollout import RolloutExecutor, RolloutSampling
 from dagrl_worker.rank.prompts import prompts_to_batch
 from dagrl_worker.rank.rollout import SamplingParams
 from dagrl_worker.rank.rollout.vllm_engine import VLLMRollout
-from dagrl_worker.rank.weight_sync import synced_each_step
+from dagrl_worker.rank.sync_topology import synced_each_step
 from dagrl_worker.shared.metrics import MetricSink
 
 TOKENIZER = build_char_tokenizer()

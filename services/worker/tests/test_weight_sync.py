@@ -9,7 +9,7 @@ from dagrl.checkpoint_paths import model_path
 from dagrl.config import load_job_config
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.workflow import NodeRole, TaskGraph, load_workflow
-from dagrl_worker.rank import weight_sync
+from dagrl_worker.rank import sync_topology
 from dagrl_worker.rank.weight_layout import plan_buckets, specs_of
 from dagrl_worker.shared.plan_view import PlanView
 
@@ -57,8 +57,8 @@ def test_the_reference_loads_the_policy_checkpoint_but_is_never_synced() -> None
     """One table (`MODEL_USE`) says both: a rank with only the reference gets no weight
     sync, a rank with the rollout does; a reference node may name the policy's checkpoint."""
     graph = load_workflow("grpo")
-    assert weight_sync.sync_groups(graph, _split_plan(graph, {"ref_log_prob": 1})) == []
-    (group,) = weight_sync.sync_groups(graph, _split_plan(graph, {"rollout": 1}))
+    assert sync_topology.sync_groups(graph, _split_plan(graph, {"ref_log_prob": 1})) == []
+    (group,) = sync_topology.sync_groups(graph, _split_plan(graph, {"rollout": 1}))
     assert (group.role, group.ranks) == (NodeRole.ACTOR, (0, 1))
     with_path = load_workflow({**graph.to_dict(), "nodes": [
         {**n, "config": {"model_path": "/models/ref"}} if n["node_id"] == "ref_log_prob" else n

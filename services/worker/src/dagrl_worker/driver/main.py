@@ -3,8 +3,9 @@
 `python -m dagrl_worker` (the scheduler's command, `__main__.py`) ends in `main`: the job's spec
 read from the job store, Ray started or joined, the `Driver` run to the job's end, the final
 state set in the store. `parse_args` needs nothing heavy, so that `python -m dagrl_worker
---help` and usage errors answer at once; `main` imports Ray and torch (through the driver) only
-once the arguments are good.
+--help` and usage errors answer at once; `main` imports Ray (through the driver) only once the
+arguments are good. The driver never loads torch or transformers: the ranks do, in their own
+processes (`rank.actors`).
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from dagrl.config import JobConfig
+from dagrl.device_rules import wants_gpu
 from dagrl.urls import redact_url
 from dagrl_worker.driver.machine_buffers import machine_buffer_urls, stop_machine_buffers
 from dagrl_worker.driver.placement import (
@@ -43,7 +44,6 @@ from dagrl_worker.driver.placement import (
     machine_needs,
 )
 from dagrl_worker.rank.actors import DAGWorkerActor
-from dagrl_worker.rank.device import wants_gpu
 from dagrl_worker.shared.metrics import Summary
 from dagrl_worker.shared.spec import WorkerSpec
 

@@ -3,23 +3,27 @@
 All training logic lives in `DAGWorker` (plain Python, testable without Ray); this class
 only adds what needs Ray (the node's IP for the rendezvous, the rank's device among the GPUs
 Ray shows it: `device_local_rank`) and builds the databuffer client inside the actor process.
+
+The job's driver imports this module to start the ranks, and the driver needs neither torch
+nor transformers: the rank side (`DAGWorker` and all it imports, ~5 s on two cores) loads in
+the actor's `__init__`, in the rank's own process
+(tests/integration/test_lazy_imports.py holds the driver to that).
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from dagrl.rendezvous import rendezvous_file
-from dagrl_worker.rank.async_training.weight_board import board_poll
-from dagrl_worker.rank.async_training.weight_publish import Published
-from dagrl_worker.rank.dag_worker import DAGWorker
-from dagrl_worker.rank.dataflow import open_shard_store
 from dagrl_worker.shared.metrics import Summary
 from dagrl_worker.shared.spec import WorkerSpec
+
+if TYPE_CHECKING:
+    from dagrl_worker.rank.async_training.weight_publish import Published
 
 
 def device_local_rank(local_rank: int, gpu_ids: list[Any], visible_devices: str | None) -> int:
@@ -39,6 +43,9 @@ def device_local_rank(local_rank: int, gpu_ids: list[Any], visible_devices: str 
 @ray.remote
 class DAGWorkerActor:
     def __init__(self, spec: WorkerSpec, rank: int, local_rank: int = 0) -> None:
+        from dagrl_worker.rank.dag_worker import DAGWorker  # the rank side: see the docstring
+        from dagrl_worker.rank.dataflow import open_shard_store
+
         gpu_ids = ray.get_gpu_ids()
         os.environ["LOCAL_RANK"] = str(device_local_rank(
             local_rank, gpu_ids, os.environ.get("CUDA_VISIBLE_DEVICES")))
@@ -88,6 +95,8 @@ class DAGWorkerActor:
     def watch_weights(self, board: Any) -> None:
         """rollout.partial: poll `board` (a `WeightBoard`) for newer weights while
         generating."""
+        from dagrl_worker.rank.async_training.weight_board import board_poll
+
         self.worker.watch_weights(board_poll(board))
 
     def engine_pids(self) -> list[int]:

@@ -35,6 +35,7 @@ from dagrl_worker.rank.device import CPU, Precision, RankDevice, for_device
 from dagrl_worker.rank.executors.base import AgentModels, UnsupportedNodeError
 from dagrl_worker.rank.rewards.scorers import Judge, load_reward_model
 from dagrl_worker.rank.rollout import HFRollout, RolloutBackend
+from dagrl_worker.rank.sync_topology import synced_each_step
 from dagrl_worker.rank.training import lora, sharded_load
 from dagrl_worker.rank.training.engine import (
     HOST,
@@ -45,7 +46,6 @@ from dagrl_worker.rank.training.engine import (
 )
 from dagrl_worker.rank.training.parallel import DataParallel
 from dagrl_worker.rank.weight_layout import TensorSpec, specs_of
-from dagrl_worker.rank.weight_sync import synced_each_step
 
 __all__ = ["build_agent_models", "build_rollout", "build_scorer", "for_training",
            "policy_specs", "shared_tokenizer"]
@@ -279,7 +279,7 @@ def build_rollout(weights: str, config: JobConfig, tokenizer: PreTrainedTokenize
                   actor: TrainEngine | None, device: RankDevice = CPU,
                   synced: bool = False) -> RolloutBackend:
     """The rank's rollout backend, by `actor_rollout_ref.rollout.name`. `synced`: every
-    training step's weight sync reloads all of its weights (`weight_sync.synced_each_step`:
+    training step's weight sync reloads all of its weights (`sync_topology.synced_each_step`:
     a sleeping vLLM engine may then drop them).
 
     `hf` generates with the actor's own module when this rank holds all of it (DDP or one

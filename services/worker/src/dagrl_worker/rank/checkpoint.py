@@ -43,8 +43,8 @@ from dagrl_worker.rank import checkpoint_files
 from dagrl_worker.rank.executors.base import AgentModels
 from dagrl_worker.rank.prompts import PromptSource
 from dagrl_worker.rank.rollout.carry_over import CarryOver
+from dagrl_worker.rank.sync_topology import trainer_ranks
 from dagrl_worker.rank.training import lora
-from dagrl_worker.rank.weight_sync import trainer_ranks
 from dagrl_worker.shared.plan_view import RankGraph
 
 log = logging.getLogger("dagrl.worker")

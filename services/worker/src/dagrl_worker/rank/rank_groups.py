@@ -24,8 +24,8 @@ from dagrl.telemetry.instruments import process_rss_bytes
 from dagrl.workflow import TaskGraph
 from dagrl_worker.rank.device import RankDevice
 from dagrl_worker.rank.executors.base import AgentModels
+from dagrl_worker.rank.sync_topology import SyncGroup, sync_groups
 from dagrl_worker.rank.training.parallel import DataParallel
-from dagrl_worker.rank.weight_sync import SyncGroup, sync_groups
 from dagrl_worker.shared.metrics import MetricSink, Reduce
 from dagrl_worker.shared.plan_view import PlanView
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from dagrl.errors import InvalidInputError
 from dagrl.workflow import TaskGraph
 from dagrl.workflow.sides import split_sides
-from dagrl_worker.rank.weight_sync import sync_groups
+from dagrl_worker.rank.sync_topology import sync_groups
 from dagrl_worker.shared.plan_view import PlanView
 
 

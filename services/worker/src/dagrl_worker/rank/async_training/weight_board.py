@@ -9,11 +9,12 @@ version it loads. It runs no computation (`num_cpus=0`) and dies with the job's 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
-from dagrl_worker.rank.async_training.in_flight import Offer
+if TYPE_CHECKING:  # the driver and the board's own process load no rank side
+    from dagrl_worker.rank.async_training.in_flight import Offer
 
 
 @ray.remote(num_cpus=0)

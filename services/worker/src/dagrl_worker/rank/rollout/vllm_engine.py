@@ -30,7 +30,7 @@ only when a job asks for `rollout.name: vllm` (`dagrl_worker.rank.rollout.engine
   engine sleeps while the rank trains. Level 2 (weights dropped, not copied to the host) when
   the step's weight sync reloads every tensor before the next generation: the caller says a
   sync follows (`sleep(weights_follow=True)`: a training step's rollout) and the engine is one
-  every training step's sync reloads (`synced_each_step`, `weight_sync.synced_each_step`);
+  every training step's sync reloads (`synced_each_step`, `sync_topology.synced_each_step`);
   level 1 (weights kept in host memory) otherwise. The sync wakes the weights alone, while the
   actor's parameters and optimizer state are still on the GPU; the KV cache wakes at the next
   generation, after `offload_engines` freed the actor's memory. A generation from dropped
@@ -175,7 +175,7 @@ class VLLMRollout:
         """`is_cuda`: the rank's device decision (`dagrl_worker.rank.device`): on the rank's GPU
         within `gpu_memory_utilization`, else vLLM's CPU backend. `synced_each_step`: every
         training step ends with a weight sync that reloads all of this engine's weights
-        before it generates again (`weight_sync.synced_each_step`), so a training step's
+        before it generates again (`sync_topology.synced_each_step`), so a training step's
         rollout may drop them when the engine sleeps."""
         configure_environment(config)
         from vllm import LLM
