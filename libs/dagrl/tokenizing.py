@@ -44,9 +44,11 @@ def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> PreT
     saved next to a qwen2 config would come back as `Qwen2Tokenizer`, whose ByteLevel
     pre-tokenizer silently drops spaces and newlines. A folder whose config declares a
     generic class is therefore loaded as exactly the serialized tokenizer; every other
-    checkpoint goes through `AutoTokenizer` as usual.
+    checkpoint goes through `AutoTokenizer` as usual. (`PreTrainedTokenizerFast` alone loads
+    no torch; `AutoTokenizer` does, through the model configs it reads: ~2.5 s more of a
+    `dagrl run` preflight on two cores.)
     """
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     folder = Path(path)
     config_file = folder / "tokenizer_config.json"
@@ -55,5 +57,7 @@ def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> PreT
         declared = json.loads(config_file.read_text(encoding="utf-8")).get("tokenizer_class")
     if declared in _GENERIC_TOKENIZER_CLASSES:
         return PreTrainedTokenizerFast.from_pretrained(str(folder), local_files_only=True)
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code,
                                          local_files_only=True)
