@@ -20,6 +20,9 @@ the real job driver, Ray actors, gloo and a private redis-server on the same spl
     stream   partial, plus rollout.stream: each step's groups go to the training side in two
              mini-batches (two optimizer steps of half the batch) as they complete, and
              the training of a step starts with its rollout
+    stream0  rollout.stream at max_staleness 0, without over-sampling or partial rollout:
+             the synchronous schedule between steps (the rollout of t + 1 waits for the
+             update of t), the update of a step's first half while its second generates
 
 Figures (the first WARMUP steps of each job left out; `--rounds` runs of each job, the order
 reversed every round, each round with its own seeds (trainer.seed, rollout.seed: the rounds
@@ -27,7 +30,8 @@ are independent runs, not repeats), steps pooled):
 - samples/s of each (trained samples per step / mean step seconds);
   `partial_vs_async_samples_per_s` (target >= 1.3), `carry_vs_async_samples_per_s` and
   `stream_vs_partial_samples_per_s`; `stream_overlap_s`, the mean seconds a streamed step's
-  training ran while its rollout still generated;
+  training ran while its rollout still generated; `stream0_vs_sync_samples_per_s` and
+  `stream0_overlap_s`;
 - `rollout_idle_fraction_partial` (target <= 0.1), and the others': the share of a job's wall
   time (steady steps) in which the rollout rank ran no rollout step, from the driver's
   timeline;
@@ -49,7 +53,8 @@ It checks that it measures what it says: the synchronous job's responses have th
 draws its end token now and then, so a long prompt's responses average below LONG; SmolLM2:
 the longest at least LONG/2, the mean at most LONG/4), the over-sampled jobs
 carried samples in every steady step, the async job overlapped its sides within the bound, and
-the streamed job trained two mini-batches a step, most steps while their rollout generated.
+the streamed jobs trained two mini-batches a step, most steps while their rollout generated,
+and the stream0 job trained nothing older than its step's own policy (staleness 0).
 
     .venv/bin/python bench/partial_rollout.py [--steps 16] [--rounds 3] [--backend vllm|hf]
     .venv/bin/python bench/partial_rollout.py --model smollm2 --steps 6 --rounds 1
@@ -92,7 +97,8 @@ SAMPLES_PER_PROMPT = 4
 # the pool must hold the long groups in flight: a tenth of the prompts, each living about
 # LONG / SHORT = 8 steps, is 0.8 x a step's groups
 OVER_SAMPLE = 1.0
-MODES = ("sync", "async", "partial", "carry", "stream")
+MODES = ("sync", "async", "partial", "carry", "stream", "stream0")
+STALENESS = {"sync": None, "stream0": 0}  # trainer.max_staleness; the other modes 1
 STREAM_MINI_BATCH = PROMPTS_PER_STEP // 2  # the streamed job's mini-batch: two waves a step
 SMOLLM2_LR = 2e-6  # a pretrained policy: GRPO's usual order of magnitude
 FOLDER = ROOT / "outputs" / "bench_partial"
@@ -163,7 +169,7 @@ def smollm2_long_tail() -> Workload:
 
 def job_config(mode: str, steps: int, workload: Workload, backend: str = "vllm",
                seed: int = 0) -> dict[str, Any]:
-    config = grpo_config(steps, None if mode == "sync" else 1)
+    config = grpo_config(steps, STALENESS.get(mode, 1))
     config["trainer"]["seed"] = seed
     # in file order: each step's prompts hold the tail's share (one long prompt in ten)
     config["data"].update(train_files=[str(workload.data)], max_response_length=workload.long,
@@ -184,7 +190,7 @@ def job_config(mode: str, steps: int, workload: Workload, backend: str = "vllm",
     policy["model"]["use_remove_padding"] = True
     if mode in ("partial", "carry", "stream"):  # carry: weights loaded between steps only
         policy["rollout"].update(partial=mode != "carry", over_sample=OVER_SAMPLE)
-    if mode == "stream":  # two waves a step, an optimizer step each
+    if mode in ("stream", "stream0"):  # two waves a step, an optimizer step each
         policy["rollout"]["stream"] = True
         policy["actor"]["ppo_mini_batch_size"] = STREAM_MINI_BATCH
         policy["actor"]["ppo_micro_batch_size_per_rank"] = STREAM_MINI_BATCH * SAMPLES_PER_PROMPT
@@ -280,8 +286,14 @@ def main() -> None:
                    [o for mode in ("partial", "carry", "stream") for o in outcomes.get(mode, [])])
     for index, outcome in enumerate(outcomes["async"]):
         check_async(f"async-{index}", outcome)
-    for index, outcome in enumerate(outcomes.get("stream", [])):
-        check_stream(f"stream-{index}", outcome, rollout_bound=workload.model is None)
+    for mode in ("stream", "stream0"):
+        for index, outcome in enumerate(outcomes.get(mode, [])):
+            check_stream(f"{mode}-{index}", outcome, rollout_bound=workload.model is None)
+    for index, outcome in enumerate(outcomes.get("stream0", [])):
+        staleness = max(m.get("async/staleness/max", 0.0) for m in outcome.history)
+        if staleness != 0:
+            sys.exit(f"stream0-{index}: a trained sample was {staleness:.0f} versions behind "
+                     "(bound 0)")
     rates = {mode: samples_per_s(outcomes[mode]) for mode in modes}
     pipelined = modes[1:]
     idle = {mode: statistics.mean(rollout_idle_fraction(o) for o in outcomes[mode])
@@ -307,6 +319,11 @@ def main() -> None:
         results["stream_overlap_s"] = statistics.mean(m["stream/overlap_s"]
                                                       for o in outcomes["stream"]
                                                       for m in steady(o))
+    if "stream0" in modes:
+        results["stream0_vs_sync_samples_per_s"] = rates["stream0"] / rates["sync"]
+        results["stream0_overlap_s"] = statistics.mean(m["stream/overlap_s"]
+                                                       for o in outcomes["stream0"]
+                                                       for m in steady(o))
     results["async_vs_sync_samples_per_s"] = rates["async"] / rates["sync"]
     results.update({f"rollout_idle_fraction_{mode}": idle[mode] for mode in pipelined})
     for mode in modes:
