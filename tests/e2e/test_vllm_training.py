@@ -20,9 +20,10 @@ import ray
 from dagrl.engines import is_engine_installed
 from dagrl.jobs import JobState
 from dagrl.local import LocalRedis
+from dagrl.workflow import load_workflow
+from dagrl_scheduler.planning import Cluster, make_plan
 from dagrl_worker.driver.job_driver import Driver
 
-from .test_async_training import split_plan as async_split_plan
 from .test_async_training import trained_samples
 from .test_training import (
     _actor_weights,
@@ -105,12 +106,18 @@ def _kill_the_rollout_engine_after(steps: int) -> Callable[[Driver], None]:
 
 def test_a_killed_engine_process_is_replaced_without_a_restart(
         ray_session: None, assets: Path, redis_server: LocalRedis, tmp_path: Path) -> None:
-    """`rollout.engine_process`: the rollout rank's engine core is killed (SIGKILL, by PID)
-    while the job runs; the rank starts a new engine from the newest weights and the job
-    goes on, no restart, every prompt of every step trained once."""
-    steps = 6
+    """`rollout.engine_process` on two rollout ranks (the scheduler's plan for three slots:
+    rollout side on ranks 0-1, training on rank 2): rank 0's engine core is killed (SIGKILL,
+    by PID) while the job runs; rank 1 continues rank 0's unfinished groups from their
+    tokens while rank 0 builds a new engine from the newest weights in the background, and
+    the job goes on: no restart, every prompt of every step trained once."""
+    steps = 5
+    three_slots = make_plan(load_workflow("grpo"), Cluster.homogeneous(1, 3, device_kind="cpu"),
+                            split_rollout=True).to_proto()
+    assert [list(layout.ranks) for layout in three_slots.layouts
+            if layout.node_id == "rollout"] == [[0, 1]]
     _driver, outcome = run_job(
-        assets, redis_server, tmp_path, plan=async_split_plan(),
+        assets, redis_server, tmp_path, plan=three_slots,
         during=_kill_the_rollout_engine_after(2),
         actor_rollout_ref={**VLLM, "rollout.engine_process": True,
                            "actor.use_rollout_log_probs": True},
@@ -119,6 +126,12 @@ def test_a_killed_engine_process_is_replaced_without_a_restart(
     assert outcome.state == JobState.SUCCEEDED, outcome.reason
     assert outcome.restarts == 0
     assert sum(series(outcome, "rollout/engine_restarts")) == 1
+    requeued = sum(series(outcome, "rollout/requeued_prompts"))
+    taken_over = sum(series(outcome, "rollout/peer_groups"))
+    # rank 0 found its engine dead mid-generation (requeued: its groups then in flight) or
+    # at its next weight load (requeued 0: none in flight, its next step's 16 groups all
+    # handed over); rank 1 continued them while the new engine was built (tens of seconds)
+    assert 1 <= taken_over <= 16 and requeued <= 16, (taken_over, requeued)
     trained = trained_samples(tmp_path / "ckpt" / "runs")
     assert sorted(trained) == list(range(1, steps + 1))
     uids = [uid for step_uids in trained.values() for uid in step_uids]

@@ -19,8 +19,9 @@ from dagrl.config import RolloutConfig
 from dagrl.models import load_model_and_tokenizer
 from dagrl_worker.rank.rollout import SamplingParams
 from dagrl_worker.rank.rollout.samples import SampleStates
+from services.worker.tests.test_interruptible_rollout import OfferedAfter
 
-from .test_vllm_interrupted import TOLERANCE, _log_probs, _prompts
+from .test_vllm_interrupted import SWITCH, TOLERANCE, _loads_into, _log_probs, _prompts
 from .vllm_tiny import TOKENIZER, require_vllm
 
 require_vllm()
@@ -151,3 +152,23 @@ def test_an_engine_process_samples_with_the_weights_it_was_given(
     again = engine.generate(_prompts(["12+34=", "7+5="]), params)  # type: ignore[arg-type]
     assert engine.engine_restarts == restarts + 1
     assert torch.equal(again.tensors[fields.RESPONSES], out.tensors[fields.RESPONSES])
+
+
+def test_weights_taken_mid_generation_reach_the_engine_process(
+        engine, vllm_policies: tuple[Path, Path]) -> None:  # type: ignore[no-untyped-def]
+    """`rollout.partial` with an engine process: a weight update between two tokens is
+    written to the engine's folder and reloaded before the next token (not only at the next
+    call), so each token's log-prob is the one of the version it records."""
+    old, new = vllm_policies
+    engine.update_weights(list(load_model_and_tokenizer(old)[0].state_dict().items()))
+    params = SamplingParams(n=2, max_new_tokens=WIDTH, temperature=1.0, seed=11)
+    in_flight = OfferedAfter(_loads_into(engine, load_model_and_tokenizer(new)[0].state_dict()),
+                             after=SWITCH)
+    out = engine.generate(_prompts(["12+34=", "7+5="]), params, in_flight)  # type: ignore[arg-type]
+    assert in_flight.loads == 1
+    mask = out.tensors[fields.RESPONSE_MASK].bool()
+    versions = out.tensors[fields.ROLLOUT_TOKEN_VERSIONS]
+    assert bool(((versions == 1) & mask).any()) and bool(((versions == 0) & mask).any())
+    expected = torch.where(versions == 1, _log_probs(new, out, 1.0), _log_probs(old, out, 1.0))
+    recorded = out.tensors[fields.ROLLOUT_LOG_PROBS]
+    assert float((recorded - expected)[mask].abs().max()) <= TOLERANCE

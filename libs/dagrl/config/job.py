@@ -304,9 +304,11 @@ class RolloutConfig(SamplingConfig, LogProbMicroBatches):
         "(single-turn rollout nodes; docs/async.md)")
     engine_process: bool = option(
         False, "vllm: the engine core in a process of its own; if it dies (killed, out of "
-        "memory) the rank starts a new one from the newest weights and continues every "
-        "unfinished sample from its tokens, without restarting the job "
-        "(rollout/engine_restarts; keeps a host copy of the weights; docs/rollout.md)")
+        "memory) the rank builds a new one from the newest weights in the background while "
+        "the node's other rollout ranks continue its unfinished groups from their tokens "
+        "(alone, it waits and continues them itself), without restarting the job "
+        "(rollout/engine_restarts, rollout/peer_groups; keeps a host copy of the weights; "
+        "docs/rollout.md)")
     engine_timeout_s: float = option(
         300.0, "engine_process: an engine that returns nothing for this long while it has "
         "requests in flight (hung) is killed (SIGKILL) and replaced like one that died")

@@ -185,6 +185,8 @@ KEY_ROLLOUT_OVER_SAMPLED_PROMPTS: Final = "rollout/over_sampled_prompts"
 # rollout.engine_process: engines started anew after one died, prompts they continued
 KEY_ROLLOUT_ENGINE_RESTARTS: Final = "rollout/engine_restarts"
 KEY_ROLLOUT_REQUEUED_PROMPTS: Final = "rollout/requeued_prompts"
+# groups a rollout rank continued for another rank of its node whose engine was lost
+KEY_ROLLOUT_PEER_GROUPS: Final = "rollout/peer_groups"
 # rollout.stream: s a rank's nodes waited for their inputs in a streamed step (the training
 # side waits for each mini-batch the rollout side hands over); s the training of a step ran
 # while its rollout was still generating (the driver's)

@@ -19,7 +19,9 @@ method hands the call to the part that owns it, one job each:
 - `reader.ShardReader`: a consumer's rows, fetched and resharded, and the read recorded
   (`get`, `get_groups`); the last consumer deletes the edge;
 - `admin.BufferAdmin`: whole steps and usage across instances (`describe_step`,
-  `delete_step`, `stats`).
+  `delete_step`, `stats`);
+- `handoff.HandoffBoard` (`handoffs`): groups of samples the rollout ranks of a node hand
+  each other while one rebuilds a lost engine.
 
 Errors are typed (`dagrl.errors`): nothing partial is ever returned as if whole.
 """
@@ -33,6 +35,7 @@ from typing import Any
 from dagrl.batch import Batch
 from dagrl_databuffer.admin import BufferAdmin
 from dagrl_databuffer.config import BufferSettings
+from dagrl_databuffer.handoff import HandoffBoard
 from dagrl_databuffer.instances import Instances
 from dagrl_databuffer.planner import EdgePlanner
 from dagrl_databuffer.reader import ShardReader
@@ -59,6 +62,7 @@ class DataBufferClient:
         self.planner = EdgePlanner(self.instances)
         self.reader = ShardReader(self.instances, self.planner)
         self.admin = BufferAdmin(self.instances)
+        self.handoffs = HandoffBoard(self.store)
 
     @property
     def instance_count(self) -> int:

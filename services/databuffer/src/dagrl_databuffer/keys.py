@@ -10,6 +10,11 @@ and the multi-key Lua scripts stay valid there.
     dagrl:{job}:<step>:<edge>:r<rank>:meta           str   JSON ShardMeta, written last
     dagrl:{job}:<step>:<edge>:r<rank>:w<write>:c<i>  str   chunk i of one write of a shard
 
+    dagrl:{job}:handoff:<round>:open:r<rank>         list  group ids rank r offers its peers
+    dagrl:{job}:handoff:<round>:work                 hash  group id -> its samples, offered
+    dagrl:{job}:handoff:<round>:done                 hash  group id -> its samples, finished
+    dagrl:{job}:handoff:<round>:finished             set   ranks whose own groups are complete
+
 The usage hash is the per-job quota ledger; the step set is what DeleteStep removes; the
 write id in chunk keys lets a re-put of a shard write new chunks next to the old ones and
 switch over by replacing the meta.
@@ -23,6 +28,10 @@ home of each producer rank from the same plan (`dagrl_worker.shared.plan_view.Pl
 reads the metas and the blocks it needs from there, and records its read on every instance
 holding a shard of the edge, so each instance empties itself when its last consumer has read.
 With one instance every home is 0.
+
+The handoff keys hold what the rollout ranks of one node pass each other while one of them
+rebuilds a lost engine (`handoff`); they are in no step index and expire an hour after
+their last write (`HANDOFF_TTL_S`).
 
 A job's data can live under derived job names (`attempt_namespace`, `validation_namespace`):
 a run restarted after a failure, and each validation pass, use names of their own, so they
@@ -41,6 +50,7 @@ PREFIX = "dagrl"
 MAX_NAME_CHARS = 128
 MAX_DP_SIZE = 1 << 16
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-/>]*")
+HANDOFF_TTL_S = 3600
 USAGE_SCAN_PATTERN = f"{PREFIX}:{{*}}:usage"
 
 
@@ -160,3 +170,35 @@ def parse_meta_key(job: str, step: int, key: str) -> tuple[str, int] | None:
 def step_usage_prefix(step: int) -> str:
     """Prefix of the usage-hash fields of one step (see `EdgeKeys.usage_field`)."""
     return f"{check_step(step)}:"
+
+
+@dataclass(frozen=True)
+class HandoffKeys:
+    """Key names of one round of work handed between the rollout ranks of a node
+    (`handoff.HandoffBoard`); `round` names the node and the rollout call."""
+
+    job: str
+    round: str
+
+    def __post_init__(self) -> None:
+        check_name("job", self.job)
+        check_name("handoff round", self.round)
+
+    @property
+    def base(self) -> str:
+        return f"{job_prefix(self.job)}:handoff:{self.round}"
+
+    def open(self, rank: int) -> str:
+        return f"{self.base}:open:r{rank}"
+
+    @property
+    def work(self) -> str:
+        return f"{self.base}:work"
+
+    @property
+    def done(self) -> str:
+        return f"{self.base}:done"
+
+    @property
+    def finished(self) -> str:
+        return f"{self.base}:finished"

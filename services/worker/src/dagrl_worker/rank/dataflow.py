@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -29,12 +29,18 @@ from dagrl.errors import BatchError
 from dagrl.workflow import NodeRole, NodeType, TaskGraph
 from dagrl_worker.shared.plan_view import PlanView
 
+if TYPE_CHECKING:
+    from dagrl_databuffer.handoff import HandoffBoard
+
 
 class ShardStore(Protocol):
     """The part of the databuffer client (`dagrl_databuffer.client`) the worker uses."""
 
     @property
     def instance_count(self) -> int: ...
+
+    @property
+    def handoffs(self) -> HandoffBoard: ...
 
     def put(self, job: str, step: int, edge: str, producer_rank: int, batch: Batch, *,
             producer_size: int | None = None, home: int = 0) -> Any: ...

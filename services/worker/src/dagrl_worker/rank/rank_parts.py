@@ -31,6 +31,7 @@ from dagrl_worker.rank.executors.table import build_executor
 from dagrl_worker.rank.graph_runner import GraphRunner
 from dagrl_worker.rank.prompts import PromptSource
 from dagrl_worker.rank.rank_groups import RankGroups
+from dagrl_worker.rank.rollout.peers import rollout_peers
 from dagrl_worker.rank.weight_sync import ModelSync, plan_model_syncs
 from dagrl_worker.shared.plan_view import RankGraph
 
@@ -77,6 +78,10 @@ def build_parts(setup: RankSetup, models: dict[int, AgentModels], store: ShardSt
     router = EdgeRouter(where.graph, where.plan, where.rank, data_job, store,
                         balance_batch=config.trainer.balance_batch,
                         timeout_s=config.services.databuffer_wait_s)
+    for node_id, executor in executors.items():  # a lost engine's groups to its peers
+        if isinstance(executor, RolloutExecutor):
+            executor.peers = rollout_peers(store, data_job, where, node_id, executor.backend,
+                                           config.services.databuffer_wait_s)
     syncs = plan_model_syncs(where.graph, where.plan, where.rank, models,
                              setup.groups.weight_syncs)
     kl = kl_controller(config)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import cast
 
 from dagrl import telemetry
 from dagrl.batch import Batch
@@ -19,8 +20,14 @@ from dagrl.config import JobConfig
 from dagrl.errors import FailedPreconditionError
 from dagrl_worker.rank.executors.base import StepContext
 from dagrl_worker.rank.rollout import RolloutBackend, SamplingParams
-from dagrl_worker.rank.rollout.base import HeldWeights, ReplacesEngines, step_seed
+from dagrl_worker.rank.rollout.base import (
+    HeldWeights,
+    InFlightWeights,
+    ReplacesEngines,
+    step_seed,
+)
 from dagrl_worker.rank.rollout.carry_over import CarryOver
+from dagrl_worker.rank.rollout.peers import PeerBackend, RolloutPeers
 from dagrl_worker.shared.metrics import Reduce
 
 
@@ -95,6 +102,9 @@ class RolloutExecutor:
         self.backend = backend
         self.sampling = sampling
         self.carry = carry
+        # the node's other rollout ranks, where they take over a lost engine's groups (set
+        # by `rank_parts.build_parts`: `rollout.peers.rollout_peers`)
+        self.peers: RolloutPeers | None = None
         # the step being handed over: its groups on this rank, the weights loads before it
         self._step_groups = 0
         self._loads_before = 0
@@ -107,10 +117,10 @@ class RolloutExecutor:
             if self.carry is not None and not ctx.validating:
                 out = self._carried_over(batch, params, ctx)
             elif ctx.in_flight is None:
-                out = self.backend.generate(batch, params)
+                out = self._generate(batch, params, None, ctx)
             else:  # rollout.partial: newer weights may load between two tokens
                 loads = ctx.in_flight.loads
-                out = self.backend.generate(batch, params, ctx.in_flight)
+                out = self._generate(batch, params, ctx.in_flight, ctx)
                 ctx.sink.add(telemetry.KEY_ROLLOUT_IN_FLIGHT_LOADS,
                              float(ctx.in_flight.loads - loads), Reduce.MAX)
                 record_continued(out, ctx)
@@ -137,6 +147,19 @@ class RolloutExecutor:
         clipped = (lengths >= params.max_new_tokens).float().mean()
         ctx.sink.add(telemetry.KEY_RESPONSE_LENGTH_CLIP_RATIO, float(clipped), Reduce.MEAN,
                      weight=len(out))
+        return out
+
+    def _generate(self, batch: Batch, params: SamplingParams,
+                  in_flight: InFlightWeights | None, ctx: StepContext) -> Batch:
+        """The backend's generation; with `peers`, the node's rollout ranks take over each
+        other's groups while a lost engine is rebuilt (`rollout.peers`)."""
+        if self.peers is None:
+            return (self.backend.generate(batch, params) if in_flight is None
+                    else self.backend.generate(batch, params, in_flight))
+        served = self.peers.served
+        out = self.peers.generate(cast(PeerBackend, self.backend), batch, params, in_flight)
+        ctx.sink.add(telemetry.KEY_ROLLOUT_PEER_GROUPS, float(self.peers.served - served),
+                     Reduce.SUM)
         return out
 
     def _carried_over(self, batch: Batch, params: SamplingParams, ctx: StepContext) -> Batch:

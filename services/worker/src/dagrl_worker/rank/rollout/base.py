@@ -104,6 +104,13 @@ class HeldWeights:
         raise RuntimeError("HeldWeights never offers newer weights to load")
 
 
+class EngineLost(Exception):
+    """A backend whose peers take over (`ReplacesEngines.hand_over_on_loss`) lost its engine:
+    the rows it was extending keep the tokens they have, a new engine is being built in the
+    background, and the caller hands the unfinished groups to the node's other rollout
+    ranks (`rollout.peers`)."""
+
+
 @runtime_checkable
 class ReplacesEngines(Protocol):
     """A backend whose engine may run in a process of its own and be replaced when it dies
@@ -121,6 +128,15 @@ class ReplacesEngines(Protocol):
 
     def engine_pids(self) -> list[int]:
         """The engine processes' ids; none when the engine runs in the rank's process."""
+        ...
+
+    def hand_over_on_loss(self, on: bool) -> None:
+        """On: a lost engine raises `EngineLost` (its replacement builds in the background)
+        instead of being replaced before the call goes on."""
+        ...
+
+    def engine_ready(self) -> bool:
+        """Whether the engine takes requests now (False while a new one is being built)."""
         ...
 
 

@@ -4,12 +4,15 @@
 By default a rank's engine runs in the rank's process (`vllm_engine`). With `engine_process`
 vLLM's multiprocessing runs the engine core in a child process, so an engine that dies
 (killed, out of memory) no longer takes the rank with it: the next call to the engine
-raises vLLM's `EngineDeadError`, and the rank starts a new engine from the newest weights
-it was given and carries on (`VLLMRollout.advance` continues every unfinished sample from
-the tokens it has). A watcher thread per engine turns the process's exit into that error for
-whoever waits on the engine (`_fail_waiters_on_exit`). An engine that stops answering
-(no output for `rollout.engine_timeout_s` while the rank waits on it: hung, not dead) is
-killed by a second thread (`_kill_when_silent`) and goes the same way.
+raises vLLM's `EngineDeadError`, and a new engine is built from the newest weights the rank
+was given, in a thread of its own (`rebuild`; `llm` waits for it, `ready` says whether it
+runs). Alone, the rank waits for it and carries on (`VLLMRollout.advance` continues every
+unfinished sample from the tokens it has); with peers, the node's other rollout ranks take
+over its unfinished groups meanwhile (`peers`). A watcher thread per engine turns the
+process's exit into that error for whoever waits on the engine (`_fail_waiters_on_exit`).
+An engine that stops answering (no output for `rollout.engine_timeout_s` while the rank
+waits on it: hung, not dead) is killed by a second thread (`_kill_when_silent`) and goes
+the same way.
 
 The newest weights must be where a new engine can load them, so this class keeps the
 engine's full weights on the host (one copy of the model) and writes them as
@@ -33,7 +36,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from multiprocessing.connection import wait
 from pathlib import Path
-from threading import Thread
+from threading import Event, Thread
 from typing import Any
 
 import torch
@@ -162,7 +165,13 @@ class EngineProcess:
         self.timeout_s = timeout_s
         self.waiting_since: float | None = None  # monotonic s; None: nobody waits on it
         self.silenced = 0  # engines killed for not answering
-        self.llm = self._start()
+        # a lost engine is rebuilt by a thread (`rebuild`) while the rank goes on; with
+        # `rebuild_in_background` a death seen by `flush` does not wait for it either
+        self.rebuild_in_background = False
+        self._llm = self._start()
+        self._built = Event()
+        self._built.set()
+        self._build_error: BaseException | None = None
         Thread(target=_kill_when_silent, name="dagrl-engine-silence", daemon=True,
                args=(weakref.ref(self), min(1.0, timeout_s / 4))).start()
 
@@ -176,6 +185,24 @@ class EngineProcess:
                args=([p.sentinel for p in core.resources.engine_manager.processes], core)
                ).start()
         return llm
+
+    @property
+    def llm(self) -> Any:
+        """The engine; while a new one is being built (`rebuild`), waits for it."""
+        self.wait_ready()
+        return self._llm
+
+    def wait_ready(self) -> None:
+        """Return once the engine runs; raise what building a new one raised."""
+        self._built.wait()
+        if self._build_error is not None:
+            raise RuntimeError("building a new rollout engine after the last one died "
+                               f"failed: {self._build_error}") from self._build_error
+
+    @property
+    def ready(self) -> bool:
+        """Whether the engine can take requests now (no new one is being built)."""
+        return self._built.is_set()
 
     def _write(self) -> None:
         save_file(self.weights, str(self.folder / _WEIGHTS_FILE), metadata={"format": "pt"})
@@ -206,8 +233,10 @@ class EngineProcess:
         self.stale = True
 
     def flush(self) -> None:
-        """Load the updated weights into the engine (a new engine when it died meanwhile)."""
-        if not self.stale:
+        """Load the updated weights into the engine (a new engine when it died meanwhile).
+        While a new engine is being built they wait: it loads the folder, which changes only
+        here."""
+        if not self.stale or not self.ready:
             return
         from vllm.v1.engine.exceptions import EngineDeadError
 
@@ -219,7 +248,9 @@ class EngineProcess:
                                         kwargs={"weights_path": str(self.folder)})
                 reset = self.llm.reset_prefix_cache()
         except EngineDeadError:
-            self.replace(requeued_prompts=0)  # the new engine starts from the new weights
+            self.rebuild(requeued_prompts=0)  # the new engine starts from the new weights
+            if not self.rebuild_in_background:
+                self.wait_ready()
             return
         if not reset:
             raise RuntimeError(
@@ -228,14 +259,32 @@ class EngineProcess:
                 "old weights; update weights only between generations")
 
     def replace(self, requeued_prompts: int) -> None:
-        """A new engine from the newest weights, after the old one died."""
-        log.warning("the rollout engine process died; starting a new one from the newest "
-                    "weights (%d prompts in flight continue from their tokens)",
-                    requeued_prompts)
+        """A new engine from the newest weights, after the old one died; returns once it
+        runs."""
+        self.rebuild(requeued_prompts)
+        self.wait_ready()
+
+    def rebuild(self, requeued_prompts: int) -> None:
+        """Start building a new engine from the newest weights, after the old one died, in a
+        thread of its own (vLLM's engine start takes tens of seconds on a CPU); `llm` waits
+        for it, `ready` says whether it runs."""
+        log.warning("the rollout engine process died; building a new one from the newest "
+                    "weights (%d prompts were in flight)", requeued_prompts)
+        self.requeued_prompts += requeued_prompts
+        old = self._llm
+        self._built.clear()
+        Thread(target=self._build, args=(old,), name="dagrl-engine-rebuild",
+               daemon=True).start()
+
+    def _build(self, old: Any) -> None:
         try:
-            self.llm.llm_engine.engine_core.shutdown()
+            old.llm_engine.engine_core.shutdown()
         except Exception:  # the old engine is gone; its client may be too
             log.debug("shutting the dead engine's client down failed", exc_info=True)
-        self.llm = self._start()
-        self.restarts += 1
-        self.requeued_prompts += requeued_prompts
+        try:
+            self._llm = self._start()
+            self.restarts += 1
+        except BaseException as exc:  # surfaces to the rank at its next use of `llm`
+            self._build_error = exc
+        finally:
+            self._built.set()

@@ -12,7 +12,7 @@ over the groups that finished and carries the others, tokens and all, into the n
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -36,6 +36,7 @@ RESPONSE_BUDGET_KEY = "max_response_length"
 
 # a SampleStates' per-row tensors, in its fields' order after `prompts`
 ROW_TENSORS = ("tokens", "log_probs", "versions", "lengths", "finished", "limits")
+_HANDOFF = "handoff_state."  # their field names' prefix in `SampleStates.to_handoff`
 
 
 @dataclass
@@ -105,6 +106,35 @@ class SampleStates:
         return SampleStates(self.prompts.select(index), self.tokens[index],
                             self.log_probs[index], self.versions[index], self.lengths[index],
                             self.finished[index], self.limits[index])
+
+    def assign(self, rows: Sequence[int], part: SampleStates) -> None:
+        """Rows `rows` take `part`'s progress (its rows in that order: the same samples)."""
+        index = torch.as_tensor(list(rows), dtype=torch.long)
+        if part.prompts.uids != [self.prompts.uids[r] for r in index.tolist()]:
+            raise InvalidInputError("SampleStates.assign: the part's samples are not the rows' "
+                                    "(their uids differ)")
+        for name in ROW_TENSORS:
+            getattr(self, name)[index] = getattr(part, name)
+
+    def rows_of(self, groups: Collection[str]) -> list[int]:
+        """The rows of `groups`, in row order."""
+        wanted = set(groups)
+        return [row for row, group in enumerate(self.prompts.group_ids) if group in wanted]
+
+    def to_handoff(self) -> Batch:
+        """These rows as one Batch (the prompt rows with the row tensors beside them), for
+        another rank (`from_handoff`; the databuffer's handoff board)."""
+        return self.prompts.with_fields(
+            tensors={_HANDOFF + name: getattr(self, name) for name in ROW_TENSORS})
+
+    @classmethod
+    def from_handoff(cls, batch: Batch) -> SampleStates:
+        names = [_HANDOFF + name for name in ROW_TENSORS]
+        missing = [name for name in names if name not in batch.tensors]
+        if missing:
+            raise InvalidInputError(f"a handed-over batch lacks {missing}: it is not samples "
+                                    "in progress (SampleStates.to_handoff)")
+        return cls(batch.without_fields(names), *(batch.tensors[name] for name in names))
 
     def split_groups(self, groups: Sequence[str]) -> tuple[SampleStates, SampleStates]:
         """(the rows of `groups`, in the order `groups` names them; the other rows)."""

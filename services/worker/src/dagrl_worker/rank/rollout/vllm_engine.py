@@ -54,6 +54,7 @@ from dagrl.batch import schema as fields
 from dagrl.config import RolloutConfig
 from dagrl.errors import ConfigError, FailedPreconditionError
 from dagrl_worker.rank.rollout.base import (
+    EngineLost,
     InFlightWeights,
     NamedTensors,
     SamplingParams,
@@ -217,6 +218,13 @@ class VLLMRollout:
         """The engine core processes' ids (none when the engine runs in this process)."""
         return self.process.pids() if self.process is not None else []
 
+    def hand_over_on_loss(self, on: bool) -> None:
+        if self.process is not None:
+            self.process.rebuild_in_background = on
+
+    def engine_ready(self) -> bool:
+        return self.process is None or self.process.ready
+
     @property
     def shares_actor_weights(self) -> bool:
         return False
@@ -251,12 +259,11 @@ class VLLMRollout:
         sample is submitted again as prompt + the tokens it has, for the tokens it has left
         (its seed derived from its uid and that length, so a rerun continues the same way).
         Rows carried from an earlier step start the same way."""
-        self.wake_up()
-        engine = self.llm.llm_engine  # its requests' outputs are cumulative (the default)
         prompts = [request["prompt_token_ids"] for request in _token_prompts(states.prompts)]
         version = 0 if in_flight is None else in_flight.version
         dead_engine = _engine_dead_error()
         while len(rows := states.open_rows().tolist()):
+            engine = self._current_engine()  # its requests' outputs are cumulative (default)
             self._segments += 1
             ids: dict[str, int] = {}
             latest: dict[int, Any] = {}
@@ -292,8 +299,10 @@ class VLLMRollout:
                     raise
                 _record(states, latest, version)  # what it drew before it died is kept
                 open_groups = {states.prompts.group_ids[r] for r in states.open_rows().tolist()}
+                if self.process.rebuild_in_background:  # the node's other ranks take over
+                    self.process.rebuild(requeued_prompts=len(open_groups))
+                    raise EngineLost from None
                 self.process.replace(requeued_prompts=len(open_groups))
-                engine = self.llm.llm_engine
                 continue
             _record(states, latest, version)
             if interrupted or enough:
@@ -303,6 +312,17 @@ class VLLMRollout:
                 version = in_flight.load()  # type: ignore[union-attr]
             if not interrupted or enough:
                 return
+
+    def _current_engine(self) -> Any:
+        """The engine to step, awake, with the newest weights it was given (an engine process
+        loads them here: a weight update mid-generation waits for this); `EngineLost` while a
+        new one is being built (`hand_over_on_loss`)."""
+        if not self.engine_ready():
+            raise EngineLost
+        self.wake_up()  # a weight reload that finds the engine dead starts a new one
+        if not self.engine_ready():
+            raise EngineLost
+        return self.llm.llm_engine
 
     def _answering(self) -> AbstractContextManager[None]:
         """Around a wait on the engine: bounded for an engine process
