@@ -218,8 +218,9 @@ class EngineProcess:
             self.waiting_since = None
 
     def pids(self) -> list[int]:
-        """The engine core processes' ids."""
-        core: Any = self.llm.llm_engine.engine_core  # vLLM's multiprocess client
+        """The engine core processes' ids (while a new engine is being built: the lost
+        one's; this does not wait for it)."""
+        core: Any = self._llm.llm_engine.engine_core  # vLLM's multiprocess client
         return [int(process.pid) for process in core.resources.engine_manager.processes]
 
     def update(self, weights: NamedTensors) -> None:
