@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from dagrl.rendezvous import rendezvous_file
+from dagrl_worker.rank.async_training.weight_board import board_poll
 from dagrl_worker.shared.metrics import Summary
 from dagrl_worker.shared.spec import WorkerSpec
 
@@ -95,8 +96,6 @@ class DAGWorkerActor:
     def watch_weights(self, board: Any) -> None:
         """rollout.partial: poll `board` (a `WeightBoard`) for newer weights while
         generating."""
-        from dagrl_worker.rank.async_training.weight_board import board_poll
-
         self.worker.watch_weights(board_poll(board))
 
     def engine_pids(self) -> list[int]:

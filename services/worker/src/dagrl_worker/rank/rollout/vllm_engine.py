@@ -315,14 +315,19 @@ class VLLMRollout:
 
     def _current_engine(self) -> Any:
         """The engine to step, awake, with the newest weights it was given (an engine process
-        loads them here: a weight update mid-generation waits for this); `EngineLost` while a
-        new one is being built (`hand_over_on_loss`)."""
-        if not self.engine_ready():
+        loads them here: a weight update mid-generation waits for this). While a new one is
+        being built: `EngineLost` when the node's other ranks take over
+        (`hand_over_on_loss`), else it waits for the new one."""
+        if self._lost_to_peers():
             raise EngineLost
         self.wake_up()  # a weight reload that finds the engine dead starts a new one
-        if not self.engine_ready():
+        if self._lost_to_peers():
             raise EngineLost
         return self.llm.llm_engine
+
+    def _lost_to_peers(self) -> bool:
+        process = self.process
+        return process is not None and process.rebuild_in_background and not process.ready
 
     def _answering(self) -> AbstractContextManager[None]:
         """Around a wait on the engine: bounded for an engine process
