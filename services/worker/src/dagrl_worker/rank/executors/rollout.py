@@ -105,6 +105,10 @@ class RolloutExecutor:
         # the node's other rollout ranks, where they take over a lost engine's groups (set
         # by `rank_parts.build_parts`: `rollout.peers.rollout_peers`)
         self.peers: RolloutPeers | None = None
+        # (engines started anew, prompts requeued) reported so far: a new engine built in
+        # the background (`EngineProcess.rebuild`) may come up between two calls, and is
+        # reported by the next
+        self._reported = (0, 0)
         # the step being handed over: its groups on this rank, the weights loads before it
         self._step_groups = 0
         self._loads_before = 0
@@ -112,7 +116,6 @@ class RolloutExecutor:
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
         RolloutInputs.of(batch, self.node_id)  # checked here; the backend samples the Batch
         params = self.sampling.at(ctx)
-        replaced = engine_replacements(self.backend)
         with telemetry.phase_span(telemetry.SPAN_ROLLOUT_GENERATE) as span, ctx.sink.compute():
             if self.carry is not None and not ctx.validating:
                 out = self._carried_over(batch, params, ctx)
@@ -133,12 +136,15 @@ class RolloutExecutor:
             span.set_batch_size(len(out))
             span.add_tokens(int(lengths.sum()))
         ctx.sink.add(telemetry.KEY_TOKENS_GENERATED, float(lengths.sum()), Reduce.SUM)
-        if replaced is not None:  # rollout.engine_process: engines that died this step
-            restarts, requeued = engine_replacements(self.backend) or (0, 0)
-            ctx.sink.add(telemetry.KEY_ROLLOUT_ENGINE_RESTARTS, float(restarts - replaced[0]),
-                         Reduce.SUM)
-            ctx.sink.add(telemetry.KEY_ROLLOUT_REQUEUED_PROMPTS, float(requeued - replaced[1]),
-                         Reduce.SUM)
+        counts = engine_replacements(self.backend)
+        # engine_process: engines replaced since the last report (not from a validation
+        # pass, which reports into a scratch sink)
+        if counts is not None and not ctx.validating:
+            ctx.sink.add(telemetry.KEY_ROLLOUT_ENGINE_RESTARTS,
+                         float(counts[0] - self._reported[0]), Reduce.SUM)
+            ctx.sink.add(telemetry.KEY_ROLLOUT_REQUEUED_PROMPTS,
+                         float(counts[1] - self._reported[1]), Reduce.SUM)
+            self._reported = counts
         if len(out) == 0:  # an empty shard: no lengths to report
             return out
         ctx.sink.add(telemetry.KEY_RESPONSE_LENGTH_MEAN, float(lengths.mean()), Reduce.MEAN,

@@ -118,7 +118,7 @@ class ReplacesEngines(Protocol):
 
     @property
     def engine_restarts(self) -> int:
-        """Engines started anew after one died, so far."""
+        """New engines started after one died, so far (counted when the build starts)."""
         ...
 
     @property

@@ -272,6 +272,7 @@ class EngineProcess:
         log.warning("the rollout engine process died; building a new one from the newest "
                     "weights (%d prompts were in flight)", requeued_prompts)
         self.requeued_prompts += requeued_prompts
+        self.restarts += 1  # counted when it starts: the job may end before it runs
         old = self._llm
         self._built.clear()
         Thread(target=self._build, args=(old,), name="dagrl-engine-rebuild",
@@ -284,7 +285,6 @@ class EngineProcess:
             log.debug("shutting the dead engine's client down failed", exc_info=True)
         try:
             self._llm = self._start()
-            self.restarts += 1
         except BaseException as exc:  # surfaces to the rank at its next use of `llm`
             self._build_error = exc
         finally:

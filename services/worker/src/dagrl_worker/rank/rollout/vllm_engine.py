@@ -206,7 +206,8 @@ class VLLMRollout:
 
     @property
     def engine_restarts(self) -> int:
-        """Engines started anew after one died (`rollout.engine_process`)."""
+        """New engines started after one died (`rollout.engine_process`; counted when the
+        build starts)."""
         return self.process.restarts if self.process is not None else 0
 
     @property
