@@ -85,8 +85,9 @@ def record_continued(out: Batch, ctx: StepContext) -> None:
 
 
 def engine_replacements(backend: RolloutBackend) -> tuple[int, int] | None:
-    """(engines started anew, prompts they continued) so far, for a backend whose engine runs
-    in a process of its own (`rollout.engine_process`); None for the others."""
+    """(new engines started after one died, prompts in flight at those deaths) so far, for a
+    backend whose engine runs in a process of its own (`rollout.engine_process`); None for
+    the others."""
     if not isinstance(backend, ReplacesEngines) or not backend.engine_pids():
         return None
     return backend.engine_restarts, backend.requeued_prompts
@@ -105,9 +106,8 @@ class RolloutExecutor:
         # the node's other rollout ranks, where they take over a lost engine's groups (set
         # by `rank_parts.build_parts`: `rollout.peers.rollout_peers`)
         self.peers: RolloutPeers | None = None
-        # (engines started anew, prompts requeued) reported so far: a new engine built in
-        # the background (`EngineProcess.rebuild`) may come up between two calls, and is
-        # reported by the next
+        # `engine_replacements` as last reported: what changed between two calls (an engine
+        # lost while the rank trained, say) is reported by the next
         self._reported = (0, 0)
         # the step being handed over: its groups on this rank, the weights loads before it
         self._step_groups = 0
