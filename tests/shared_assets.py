@@ -122,6 +122,7 @@ def build_all(folder: Path) -> None:
     """Build every set into `folder`, in order, under the folder's lock."""
     from dagrl.models.reward_model import RewardModelRecipe, prepare_reward_model
 
+    folder.mkdir(parents=True, exist_ok=True)  # a folder named on the command line may be new
     with (folder / _LOCK).open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         for asset_set in SETS:
