@@ -8,7 +8,9 @@ multiplies bf16 in hardware (AVX512-BF16 or AMX), in bf16 (the actor's mixed pre
 reference and the engine in bf16). Each phase's time is the median over the steps after the
 first of `timing_s/<node>` (the slowest rank).
 
-The limits, measured before the jobs with 2 threads (the two ranks' cores together):
+The limits, measured before and after the jobs with 2 threads (the two ranks' cores together),
+the higher of the two (a limit measured while something else runs reads low: a run of
+2026-12-07 read 111 GFLOP/s against 185 an hour before, on a pass that itself reached 133):
 - the matmul peak: a 2048 x 2048 x 2048 `torch.mm` in the phase's dtype (best of 5);
 - the memory read bandwidth: a sum over a 1 GiB fp32 tensor (best of 5).
 
@@ -19,23 +21,37 @@ pass's share of what the machine can do (`actor_update_vs_matmul_peak_<dtype>`,
 `ref_vs_matmul_peak_bf16`). Generation is bound by memory: every decode step of an engine
 reads its weights once, so its floor is engines x decode steps (`response_length/max`) x the
 engine's weight bytes at the measured bandwidth; `rollout_vs_bandwidth_floor` is that floor
-over the rollout's time (from the bf16 job where it ran, else fp32). Last, `torch.profiler`'s
-top operators of one rank's share of the actor update, run in this process.
+over the rollout's time (from the bf16 job where it ran, else fp32). That floor holds only
+while a decode step's matmuls take less time than reading the weights: with 32 sequences an
+engine and fp32 on an AVX2 CPU they take about six times longer. `rollout_vs_roofline` is the
+larger of the two floors over the rollout's time, the other being the matmuls' (2 x matmul
+weights for each prompt's tokens once, its samples sharing its cache, and for every response
+token, at the matmul peak). Last, `torch.profiler`'s top operators of one rank's share of the
+actor update, run in this process.
 
 The step times are set beside TRL 1.16's `GRPOTrainer` on the same job, as issue #33 measured
-it on a 2-core AMX Xeon (28.2 s bf16, 45.8 s fp32): a figure from that table, not a TRL run.
+it on a 2-core AMX Xeon (28.2 s bf16, 45.8 s fp32): `trl_table_vs_step_<dtype>`, a figure from
+that table, not a TRL run. `--trl` also runs TRL on the same job on this machine, after dagrl's
+jobs (`trl_grpo.py`, TRL in a virtual environment of its own): `trl_vs_step_<dtype>` is TRL's
+step time over dagrl's, both medians over the steps after the first, in the same run.
 
 `--before` runs each job a second time with the settings it had before issue #33's switches
 (8-row update micro-batches, sdpa attention, every token's logits, AdamW per tensor list,
 weights cast per micro-batch): `step_speedup_vs_before_<dtype>` and
 `actor_update_speedup_vs_before_<dtype>` are its times over the new ones, in the same run.
+`--compiled` runs each job again with the actor's decoder layers compiled
+(`model.compile_layers`): `step_speedup_compiled_<dtype>`,
+`actor_update_speedup_compiled_<dtype>` (the job's times over the compiled job's, steps after
+the first), `actor_update_vs_matmul_peak_<dtype>_compiled`, and
+`first_step_seconds_compiled_<dtype>` beside `first_step_seconds_<dtype>` (the compile's cost
+lands in the first step).
 
 The script checks what it measures: the jobs run to their last step on the SmolLM2
 checkpoint, responses are generated (mean length over 4 tokens), every phase named above
 reports a time, and the bf16 job's actor update is not the fp32 one's (their times differ by
 1.2x or more: otherwise mixed precision was not on).
 
-    .venv/bin/python bench/step_profile.py [--steps 5] [--no-bf16] [--before]
+    .venv/bin/python bench/step_profile.py [--steps 5] [--no-bf16] [--before] [--compiled] [--trl]
 """
 
 from __future__ import annotations
@@ -44,10 +60,12 @@ import argparse
 import copy
 import math
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -60,6 +78,7 @@ from _smollm2_job import (
     prepare_assets,
     run_smollm2,
     smollm2_config,
+    step_rows,
     update_rows,
 )
 from torch.profiler import ProfilerActivity, profile
@@ -85,6 +104,7 @@ BEFORE = {"actor_rollout_ref.actor.ppo_micro_batch_size_per_rank": 8,
           "actor_rollout_ref.model.log_prob_impl": "logits",
           "actor_rollout_ref.actor.optim.fused": False,
           "actor_rollout_ref.actor.fsdp_config.mixed_precision.cast_weights_once": False}
+COMPILED = {"actor_rollout_ref.model.compile_layers": True}  # `--compiled`
 
 
 @dataclass(frozen=True)
@@ -118,10 +138,24 @@ def measure_limits(dtypes: list[str]) -> Limits:
     return Limits(peaks, bandwidth)
 
 
+def print_limits(when: str, limits: Limits) -> None:
+    print(f"limits with 2 threads, {when}: " + ", ".join(
+        f"{n} matmul {f / 1e9:.0f} GFLOP/s" for n, f in limits.matmul_flops.items())
+        + f", read bandwidth {limits.read_bytes_per_s / 1e9:.1f} GB/s", flush=True)
+
+
+def higher_limits(first: Limits, second: Limits) -> Limits:
+    """Each limit's higher measurement: a limit measured while something else ran reads low."""
+    return Limits({name: max(flops, second.matmul_flops[name])
+                   for name, flops in first.matmul_flops.items()},
+                  max(first.read_bytes_per_s, second.read_bytes_per_s))
+
+
 @dataclass(frozen=True)
 class Shape:
-    """What the step's passes run over: samples, mean prompt and response tokens."""
+    """What the step's passes run over: prompts, samples, mean prompt and response tokens."""
 
+    prompts: int
     samples: int
     prompt_tokens: float
     response_tokens: float
@@ -147,11 +181,11 @@ def mean_prompt_tokens() -> float:
     return statistics.mean(len(encode_chat_prompt(tokenizer, row["prompt"])) for row in table)
 
 
-def step_shape(outcome: JobOutcome, prompt_tokens: float, samples: int) -> Shape:
+def step_shape(outcome: JobOutcome, prompt_tokens: float, prompts: int, samples: int) -> Shape:
     response = median_after_first(outcome, "response_length/mean")
     if response <= 4:
         raise SystemExit(f"responses of {response:.1f} tokens on average: nothing measured")
-    return Shape(samples, prompt_tokens, response,
+    return Shape(prompts, samples, prompt_tokens, response,
                  median_after_first(outcome, "response_length/max"))
 
 
@@ -170,7 +204,8 @@ def report(name: str, outcome: JobOutcome, limits: Limits, counter: FlopCounter,
     """Print the job's phases against the limits; returns its figures (shares of the
     limits, and the step's and the update's seconds)."""
     seconds = phase_seconds(outcome)
-    peak = limits.matmul_flops[name]
+    dtype = name.split("_")[0]  # "fp32_compiled": the fp32 job with a switch
+    peak = limits.matmul_flops[dtype]
     forward = forward_flops(counter, shape)
     flops = {"actor_train": 3 * forward, "ref_log_prob": forward, "old_log_prob": forward}
     print(f"\n{name}: step {seconds['step']:.2f} s (median of steps 2-); "
@@ -186,16 +221,29 @@ def report(name: str, outcome: JobOutcome, limits: Limits, counter: FlopCounter,
             continue
         if phase in flops:
             achieved = flops[phase] / seconds[phase]
+            if achieved > 1.05 * peak:
+                sys.exit(f"{name}'s {phase} ran at {achieved / 1e9:.0f} GFLOP/s, above the "
+                         f"measured peak of {peak / 1e9:.0f}: the peak was measured while "
+                         "something else ran, nothing to compare against")
             figures[phase] = achieved / peak
             line += (f"  {flops[phase] / 1e12:6.2f} TFLOP  {achieved / 1e9:6.0f} GFLOP/s  "
                      f"{achieved / peak:.3f} of the peak")
         print(line)
-    weight_bytes = params * (2 if name == "bf16" else 4)
+    weight_bytes = params * (2 if dtype == "bf16" else 4)
     floor = 2 * shape.decode_steps * weight_bytes / limits.read_bytes_per_s  # 2 engines
     figures["rollout_floor"] = floor / seconds["rollout"]
     print(f"  rollout floor: 2 engines x {shape.decode_steps:.0f} decode steps x "
           f"{weight_bytes / 1e6:.0f} MB at {limits.read_bytes_per_s / 1e9:.1f} GB/s = "
           f"{floor:.2f} s: {figures['rollout_floor']:.3f} of the rollout's time")
+    # generation's other floor, its matmuls: 2 x weights per token at the matmul peak, each
+    # prompt's tokens once (its samples share the prompt's cache) and every response token
+    generated = shape.prompts * shape.prompt_tokens + shape.samples * shape.response_tokens
+    compute = 2 * counter.matmul_weights * generated / peak
+    figures["rollout_roofline"] = max(floor, compute) / seconds["rollout"]
+    print(f"  rollout compute floor: {generated:.0f} tokens x 2 x "
+          f"{counter.matmul_weights / 1e6:.0f} M weights at {peak / 1e9:.0f} GFLOP/s = "
+          f"{compute:.2f} s; the roofline (the larger floor) is "
+          f"{figures['rollout_roofline']:.3f} of the rollout's time")
     return figures
 
 
@@ -209,6 +257,40 @@ def with_settings(config: dict[str, Any], settings: dict[str, Any]) -> dict[str,
             section = section.setdefault(key, {})
         section[last] = value
     return changed
+
+
+def trl_step_seconds(steps: int, dtype: str) -> float:
+    """TRL's median step on the same job (`trl_grpo.py`, in its own environment)."""
+    command = [sys.executable, str(Path(__file__).with_name("trl_grpo.py")), "--steps",
+               str(steps), *(["--bf16"] if dtype == "bf16" else [])]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    figure = f"RESULT trl_step_seconds_{dtype} "
+    lines = [line for line in done.stdout.splitlines() if line.startswith(figure)]
+    if done.returncode != 0 or not lines:
+        sys.exit(f"the TRL run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    print(next(line for line in done.stdout.splitlines() if line.startswith("TRL ")))
+    return float(lines[0].split()[-1])
+
+
+def first_step_seconds(outcome: JobOutcome) -> float:
+    return next(m["perf/step_seconds"] for m in step_rows(outcome) if "perf/step_seconds" in m)
+
+
+def report_compiled(name: str, outcomes: dict[str, JobOutcome], limits: Limits,
+                    counter: FlopCounter, prompt_tokens: float, prompts: int, samples: int,
+                    params: int) -> None:
+    """The `--compiled` job of dtype `name` against the plain one: steps after the first,
+    and the first step, where the compile's cost lands."""
+    plain, compiled = outcomes[name], outcomes[f"{name}_compiled"]
+    figures = report(f"{name}_compiled", compiled, limits, counter,
+                     step_shape(compiled, prompt_tokens, prompts, samples), params)
+    new, old = phase_seconds(compiled), phase_seconds(plain)
+    print(f"RESULT step_speedup_compiled_{name} {old['step'] / new['step']:.3f}")
+    print(f"RESULT actor_update_speedup_compiled_{name} "
+          f"{old['actor_train'] / new['actor_train']:.3f}")
+    print(f"RESULT actor_update_vs_matmul_peak_{name}_compiled {figures['actor_train']:.3f}")
+    print(f"RESULT first_step_seconds_{name} {first_step_seconds(plain):.2f}")
+    print(f"RESULT first_step_seconds_compiled_{name} {first_step_seconds(compiled):.2f}")
 
 
 def profile_update(bf16: bool, shape: Shape) -> None:
@@ -232,6 +314,10 @@ def main() -> None:
     parser.add_argument("--no-bf16", action="store_true", help="the fp32 job only")
     parser.add_argument("--before", action="store_true",
                         help="each job also with the settings before #33's switches")
+    parser.add_argument("--compiled", action="store_true",
+                        help="each job also with the actor's decoder layers compiled")
+    parser.add_argument("--trl", action="store_true",
+                        help="TRL's GRPOTrainer on the same job too (bench/trl_grpo.py)")
     args = parser.parse_args()
     prepare_assets()
     native = cpu_has_native_bf16()
@@ -240,9 +326,7 @@ def main() -> None:
         print("this CPU has no native bf16 (AVX512-BF16 or AMX): the bf16 figures are "
               "skipped (torch emulates bf16 matmuls here)")
     limits = measure_limits(dtypes)
-    print("limits with 2 threads: " + ", ".join(
-        f"{n} matmul {f / 1e9:.0f} GFLOP/s" for n, f in limits.matmul_flops.items())
-        + f", read bandwidth {limits.read_bytes_per_s / 1e9:.1f} GB/s", flush=True)
+    print_limits("before the jobs", limits)
     model, _ = load_model_and_tokenizer(ASSETS / "model")
     counter = FlopCounter(model, trains_weights=True)
     params = sum(p.numel() for p in model.parameters())
@@ -252,17 +336,24 @@ def main() -> None:
     prompt_tokens = mean_prompt_tokens()
     outcomes = {}
     configs = {name: smollm2_config(args.steps, name == "bf16") for name in dtypes}
-    samples = configs["fp32"]["data"]["train_batch_size"] * \
-        configs["fp32"]["actor_rollout_ref"]["rollout"]["n"]
+    prompts = configs["fp32"]["data"]["train_batch_size"]
+    samples = prompts * configs["fp32"]["actor_rollout_ref"]["rollout"]["n"]
     ray.init(address="local", num_cpus=4, log_to_driver=False, include_dashboard=False)
+    variants = {"before": BEFORE} if args.before else {}
+    if args.compiled:
+        variants["compiled"] = COMPILED
     with LocalRedis() as redis:
         for name in dtypes:
             outcomes[name] = run_smollm2(name, configs[name], redis.url, "bench_step_profile")
-            if args.before:
-                before = run_smollm2(f"{name}_before", with_settings(configs[name], BEFORE),
-                                     redis.url, "bench_step_profile")
-                outcomes[f"{name}_before"] = before
+            for variant, settings in variants.items():
+                outcomes[f"{name}_{variant}"] = run_smollm2(
+                    f"{name}_{variant}", with_settings(configs[name], settings), redis.url,
+                    "bench_step_profile")
     ray.shutdown()
+    after = measure_limits(dtypes)
+    print_limits("after the jobs", after)
+    limits = higher_limits(limits, after)
+    trl_seconds = {name: trl_step_seconds(args.steps, name) for name in dtypes if args.trl}
     for name in dtypes if args.before else []:
         new, old = (phase_seconds(outcomes[n]) for n in (name, f"{name}_before"))
         print(f"{name} before #33's switches: step {old['step']:.2f} s, actor update "
@@ -270,7 +361,11 @@ def main() -> None:
         print(f"RESULT step_speedup_vs_before_{name} {old['step'] / new['step']:.3f}")
         print(f"RESULT actor_update_speedup_vs_before_{name} "
               f"{old['actor_train'] / new['actor_train']:.3f}")
-    shapes = {name: step_shape(outcomes[name], prompt_tokens, samples) for name in dtypes}
+    for name in dtypes if args.compiled else []:
+        report_compiled(name, outcomes, limits, counter, prompt_tokens, prompts, samples,
+                        params)
+    shapes = {name: step_shape(outcomes[name], prompt_tokens, prompts, samples)
+              for name in dtypes}
     figures = {name: report(name, outcomes[name], limits, counter, shapes[name], params)
                for name in dtypes}
     if "bf16" in figures:
@@ -285,9 +380,13 @@ def main() -> None:
         print(f"RESULT trl_table_vs_step_{name} "
               f"{TRL_STEP_SECONDS[name] / figures[name]['step']:.3f}")
         print(f"RESULT actor_update_vs_matmul_peak_{name} {figures[name]['actor_train']:.3f}")
+        if name in trl_seconds:
+            print(f"RESULT trl_step_seconds_{name} {trl_seconds[name]:.2f}")
+            print(f"RESULT trl_vs_step_{name} {trl_seconds[name] / figures[name]['step']:.3f}")
     if "bf16" in figures:
         print(f"RESULT ref_vs_matmul_peak_bf16 {figures['bf16']['ref_log_prob']:.3f}")
     print(f"RESULT rollout_vs_bandwidth_floor {figures[headline]['rollout_floor']:.3f}")
+    print(f"RESULT rollout_vs_roofline {figures[headline]['rollout_roofline']:.3f}")
 
 
 if __name__ == "__main__":
