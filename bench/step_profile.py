@@ -72,6 +72,7 @@ import ray
 import torch
 from _smollm2_job import (
     ASSETS,
+    STEP_SECONDS,
     RankUpdate,
     UpdateSetup,
     median_after_first,
@@ -273,7 +274,7 @@ def trl_step_seconds(steps: int, dtype: str) -> float:
 
 
 def first_step_seconds(outcome: JobOutcome) -> float:
-    return next(m["perf/step_seconds"] for m in step_rows(outcome) if "perf/step_seconds" in m)
+    return step_rows(outcome)[0][STEP_SECONDS]
 
 
 def report_compiled(name: str, outcomes: dict[str, JobOutcome], limits: Limits,

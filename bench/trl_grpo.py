@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-ASSETS = ROOT / "outputs" / "smollm2"
+ASSETS = ROOT / "outputs" / "smollm2"  # _smollm2_job's (not importable in TRL's venv: dagrl)
 TRL_VENV = ROOT / "outputs" / "trl-venv"
 # TRL as issue #33 measured it, on this project's torch and transformers
 PINS = ("trl==1.16.0", "accelerate==1.15.0", "datasets==5.2.0")
@@ -67,8 +68,6 @@ def ensure_trl_venv() -> Path:
 def final_number_reward(completions: list, ground_truth: list[str], **_: object) -> list[float]:
     """1.0 when the completion's last number is the sum (dagrl's `score_numeric` on these
     questions)."""
-    import re
-
     rewards = []
     for completion, truth in zip(completions, ground_truth, strict=True):
         text = completion[-1]["content"] if isinstance(completion, list) else completion
