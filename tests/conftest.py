@@ -1,6 +1,10 @@
 """Fixtures shared by the cross-service tests: private redis-servers on free loopback ports, and
 the demo assets the e2e tier trains on, built once per session in the background
-(`tests/shared_assets.py`)."""
+(`tests/shared_assets.py`).
+
+Under pytest-xdist (`make test TEST_WORKERS=2`) the controller owns the shared assets: it
+names their folder before its workers start (they inherit it through the environment) and
+starts the one builder once a worker's collection holds e2e tests; the workers wait on it."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from dagrl.local import LocalRedis
 from tests.shared_assets import FOLDER_ENV, SETS, SharedAssets
 
 _SHARED: list[SharedAssets] = []  # this session's, once started
+E2E_FOLDER = "tests/e2e/"  # the e2e tier's tests, by node id
 # the e2e fixtures that read a shared set (tests/e2e/conftest.py), by the set's name
 SET_FIXTURES = {"assets": "demo", "tool_assets": "tool"}
 
@@ -37,6 +42,22 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     items[:] = rest + e2e
 
 
+def _is_xdist_controller(config: pytest.Config) -> bool:
+    return config.getoption("dist", "no") != "no" and not hasattr(config, "workerinput")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _is_xdist_controller(config) and not _SHARED and not os.environ.get(FOLDER_ENV):
+        _SHARED.append(SharedAssets.create())  # before the workers start: they inherit it
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
+    """The controller starts the builder when a worker collected e2e tests (their folder)."""
+    if _SHARED and any(nodeid.startswith(E2E_FOLDER) for nodeid in ids):
+        _SHARED[0].start_builder()
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start building the shared assets as soon as e2e tests are known to run: the builder
     works beside the unit and integration tiers, which run first."""
@@ -56,7 +77,7 @@ def shared_asset_set(name: str) -> Path:
     session that did not start the builder (a lone test run by node id, say) starts it now."""
     if not _SHARED:
         folder = os.environ.get(FOLDER_ENV)
-        _SHARED.append(SharedAssets(Path(folder), None) if folder else SharedAssets.start())
+        _SHARED.append(SharedAssets(Path(folder)) if folder else SharedAssets.start())
     return _SHARED[0].wait(name)
 
 

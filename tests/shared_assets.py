@@ -11,7 +11,9 @@ core free most of the time); a fixture waits only for the set it reads.
 The sets live under one folder per session (`DAGRL_SHARED_ASSETS`), shared by every process
 of the session. The builder runs this file; it holds a lock on the folder, so a second builder
 started by mistake waits and then finds everything built (`prepare_assets` reuses a folder
-whose recipe matches).
+whose recipe matches). A builder that fails leaves `builder.failed` (its error) beside its
+log, so processes waiting without a handle on it (pytest-xdist's workers: their controller
+started it) stop waiting and show why.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ BUILD_TIMEOUT_S = 1200.0  # every set on a loaded 2-core machine, with margin
 _POLL_S = 0.5
 _LOG = "builder.log"
 _LOCK = "builder.lock"
+_FAILED = "builder.failed"
 RM_FIGURES = "reward_model_figures.json"  # in the demo set: what the reward model measured
 
 
@@ -69,23 +72,39 @@ def _is_built(folder: Path, asset_set: AssetSet) -> bool:
 
 
 class SharedAssets:
-    """The session's folder of shared sets and the builder process making them."""
+    """The session's folder of shared sets and the builder process making them. The process
+    that created the folder owns it (`owner`): it starts the builder, stops it and removes
+    the folder; the others (a folder given by `DAGRL_SHARED_ASSETS`) only wait on it."""
 
-    def __init__(self, folder: Path, builder: subprocess.Popen[bytes] | None) -> None:
+    def __init__(self, folder: Path, builder: subprocess.Popen[bytes] | None = None,
+                 owner: bool = False) -> None:
         self.folder = folder
         self.builder = builder
+        self.owner = owner
+
+    @classmethod
+    def create(cls) -> SharedAssets:
+        """A new session folder, named in this process's environment so that the processes
+        it starts from now on find it; no builder yet (`start_builder`)."""
+        folder = Path(tempfile.mkdtemp(prefix="dagrl-shared-assets-"))
+        os.environ[FOLDER_ENV] = str(folder)
+        return cls(folder, owner=True)
 
     @classmethod
     def start(cls) -> SharedAssets:
         """A new session folder and its builder, started now (it runs in the background)."""
-        folder = Path(tempfile.mkdtemp(prefix="dagrl-shared-assets-"))
-        os.environ[FOLDER_ENV] = str(folder)  # child processes of the session find it
-        with (folder / _LOG).open("wb") as log:
-            builder = subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve()), str(folder)],
+        assets = cls.create()
+        assets.start_builder()
+        return assets
+
+    def start_builder(self) -> None:
+        if self.builder is not None:
+            return
+        with (self.folder / _LOG).open("wb") as log:
+            self.builder = subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), str(self.folder)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True)
-        return cls(folder, builder)
 
     def wait(self, name: str, timeout_s: float = BUILD_TIMEOUT_S) -> Path:
         """The folder of set `name` once built; raises with the builder's log if it failed."""
@@ -93,9 +112,10 @@ class SharedAssets:
         deadline = time.monotonic() + timeout_s
         while not _is_built(self.folder, asset_set):
             exited = self.builder is not None and self.builder.poll() is not None
-            if exited and not _is_built(self.folder, asset_set):
-                raise RuntimeError(f"the shared test assets' builder exited "
-                                   f"({self.builder.returncode if self.builder else '?'}) "
+            failed = (self.folder / _FAILED).is_file()
+            if (exited or failed) and not _is_built(self.folder, asset_set):
+                code = self.builder.returncode if exited and self.builder else "?"
+                raise RuntimeError(f"the shared test assets' builder exited ({code}) "
                                    f"without building {name!r}:\n{self._log_tail()}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the shared test assets {name!r} were not built in "
@@ -104,11 +124,10 @@ class SharedAssets:
         return self.folder / name
 
     def stop(self) -> None:
-        """Stop the builder if it still runs and remove the folder (only the process that
-        started the builder owns them)."""
-        if self.builder is None:
+        """Stop the builder if it still runs and remove the folder (its owner only)."""
+        if not self.owner:
             return
-        if self.builder.poll() is None:
+        if self.builder is not None and self.builder.poll() is None:
             self.builder.kill()
             self.builder.wait()
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -123,6 +142,7 @@ def build_all(folder: Path) -> None:
     from dagrl.models.reward_model import RewardModelRecipe, prepare_reward_model
 
     folder.mkdir(parents=True, exist_ok=True)  # a folder named on the command line may be new
+    (folder / _FAILED).unlink(missing_ok=True)  # an earlier builder's failure
     with (folder / _LOCK).open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         for asset_set in SETS:
@@ -139,6 +159,14 @@ def build_all(folder: Path) -> None:
                   flush=True)
 
 
-if __name__ == "__main__":
+def main(folder: Path) -> None:
     os.nice(10)  # behind the tests running beside it: some time what they wait for
-    build_all(Path(sys.argv[1]))
+    try:
+        build_all(folder)
+    except BaseException as exc:
+        (folder / _FAILED).write_text(f"{type(exc).__name__}: {exc}\n")
+        raise
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

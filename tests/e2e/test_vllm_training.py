@@ -111,14 +111,14 @@ def test_a_killed_engine_process_is_replaced_without_a_restart(
     by PID) while the job runs; rank 1 continues rank 0's unfinished groups from their
     tokens while rank 0 builds a new engine from the newest weights in the background, and
     the job goes on: no restart, every prompt of every step trained once."""
-    steps = 5
+    steps, killed_after = 5, 2
     three_slots = make_plan(load_workflow("grpo"), Cluster.homogeneous(1, 3, device_kind="cpu"),
                             split_rollout=True).to_proto()
     assert [list(layout.ranks) for layout in three_slots.layouts
             if layout.node_id == "rollout"] == [[0, 1]]
     _driver, outcome = run_job(
         assets, redis_server, tmp_path, plan=three_slots,
-        during=_kill_the_rollout_engine_after(2),
+        during=_kill_the_rollout_engine_after(killed_after),
         actor_rollout_ref={**VLLM, "rollout.engine_process": True,
                            "actor.use_rollout_log_probs": True},
         trainer={"total_training_steps": steps, "max_staleness": 1, "val_before_train": False,
@@ -130,8 +130,12 @@ def test_a_killed_engine_process_is_replaced_without_a_restart(
     taken_over = sum(series(outcome, "rollout/peer_groups"))
     # rank 0 found its engine dead mid-generation (requeued: its groups then in flight) or
     # at its next weight load (requeued 0: none in flight, its next step's 16 groups all
-    # handed over); rank 1 continued them while the new engine was built (tens of seconds)
-    assert 1 <= taken_over <= 16 and requeued <= 16, (taken_over, requeued)
+    # handed over); rank 1 continued them while the new engine was built. How many of the
+    # remaining steps that build spans depends on the machine's load (one step usually; two
+    # of three, 32 groups, in a run on a loaded 2-core machine), so the bound is every group
+    # rank 0 owned after the kill.
+    own_groups_after_kill = 16 * (steps - killed_after)
+    assert 1 <= taken_over <= own_groups_after_kill and requeued <= 16, (taken_over, requeued)
     trained = trained_samples(tmp_path / "ckpt" / "runs")
     assert sorted(trained) == list(range(1, steps + 1))
     uids = [uid for step_uids in trained.values() for uid in step_uids]

@@ -66,28 +66,39 @@ def stop_fake_drivers(pids_file: Path) -> list[int]:
     """SIGKILL each PID listed in `pids_file` that is still one of this session's fake-driver
     processes; the PIDs still running `STOP_WAIT_S` later (a zombie counts as stopped)."""
     marker = f"{FAKE_DRIVER_PIDS_ENV}={pids_file}".encode()
-    running = [pid for pid in dict.fromkeys(int(n) for n in pids_file.read_text().split())
-               if _is_running_with(pid, marker)]
-    for pid in running:
+    ours = {pid: started for pid in dict.fromkeys(int(n) for n in pids_file.read_text().split())
+            if (started := _started_with(pid, marker)) is not None}
+    for pid in ours:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    running = list(ours)
     deadline = time.monotonic() + STOP_WAIT_S
     while running and time.monotonic() < deadline:
         time.sleep(0.05)
-        running = [pid for pid in running if _is_running_with(pid, marker)]
+        running = [pid for pid in running if _start_time(pid) == ours[pid]]
     return running
 
 
-def _is_running_with(pid: int, marker: bytes) -> bool:
-    """Whether `pid` runs (not a zombie) with `marker` in its environment: one of ours, not a
-    process that reused the PID."""
+def _start_time(pid: int) -> int | None:
+    """When `pid` started (clock ticks after boot), None once it is gone or a zombie: what
+    tells it from a later process that reused the PID."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else int(fields[19])
+
+
+def _started_with(pid: int, marker: bytes) -> int | None:
+    """`pid`'s start time if it runs with `marker` in its environment (one of ours), else
+    None. Read before it is killed: an exiting process's environment reads empty while it
+    is not yet a zombie."""
+    started = _start_time(pid)
+    try:
         environ = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
-        return False  # gone (or not ours to read)
-    state = stat.rsplit(")", 1)[1].split()[0]
-    return state != "Z" and marker in environ.split(b"\0")
+        return None  # gone (or not ours to read)
+    return started if marker in environ.split(b"\0") else None
 
 
 def load_compose(text: str | None = None) -> dict[str, Any]:
