@@ -18,10 +18,10 @@ demo: install
 	$(PY) scripts/demo.py
 
 # TEST_WORKERS=2: two pytest-xdist workers taking whole test files as they free up (a module's
-# fixtures set up once), in the collection's order (unit, integration, e2e): 25 min 12 s
-# against about 28 min in one process on two cores (README, Tests); 1, the default: every
-# test in one process (under load a few timing-bound tests failed; fixed, but one run proves
-# little)
+# fixtures set up once), in the collection's order (unit, integration, e2e): 21 min 26 s
+# against 23 min 35 s in one process on two cores (README, Tests); 1, the default: every
+# test in one process (under load two timing-bound tests failed once; fixed, but two runs
+# prove little)
 TEST_WORKERS ?= 1
 PARALLEL := $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
