@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from dagrl.local.processes import is_same_process, start_time
 from dagrl_databuffer.config import ServiceConfig
 from dagrl_metrics.config import MetricsConfig
 from dagrl_scheduler.config import SchedulerConfig
@@ -75,25 +76,15 @@ def stop_fake_drivers(pids_file: Path) -> list[int]:
     deadline = time.monotonic() + STOP_WAIT_S
     while running and time.monotonic() < deadline:
         time.sleep(0.05)
-        running = [pid for pid in running if _start_time(pid) == ours[pid]]
+        running = [pid for pid in running if is_same_process(pid, ours[pid])]
     return running
 
 
-def _start_time(pid: int) -> int | None:
-    """When `pid` started (clock ticks after boot), None once it is gone or a zombie: what
-    tells it from a later process that reused the PID."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return None if fields[0] == "Z" else int(fields[19])
-
-
-def _started_with(pid: int, marker: bytes) -> int | None:
+def _started_with(pid: int, marker: bytes) -> str | None:
     """`pid`'s start time if it runs with `marker` in its environment (one of ours), else
     None. Read before it is killed: an exiting process's environment reads empty while it
     is not yet a zombie."""
-    started = _start_time(pid)
+    started = start_time(pid)
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:

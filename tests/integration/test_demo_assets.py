@@ -48,3 +48,15 @@ def test_a_failed_build_names_the_folder_and_the_child_error(tmp_path: Path) -> 
     blocked.write_text("not a folder")
     with pytest.raises(DagrlError, match=f"{blocked}.*failed"):
         prepare_assets(blocked, RECIPE)
+
+
+def test_a_waiter_without_the_builder_stops_at_its_failure_marker(tmp_path: Path) -> None:
+    """A process waiting on a folder whose builder another process started (an xdist worker)
+    raises with the builder's log as soon as the builder left `builder.failed`, not after the
+    build timeout."""
+    from tests.shared_assets import SharedAssets
+
+    (tmp_path / "builder.log").write_text("OSError: disk full\n")
+    (tmp_path / "builder.failed").write_text("OSError: disk full\n")
+    with pytest.raises(RuntimeError, match="disk full"):
+        SharedAssets(tmp_path).wait("demo", timeout_s=600)
