@@ -44,14 +44,20 @@ weights cast per micro-batch): `step_speedup_vs_before_<dtype>` and
 `actor_update_speedup_compiled_<dtype>` (the job's times over the compiled job's, steps after
 the first), `actor_update_vs_matmul_peak_<dtype>_compiled`, and
 `first_step_seconds_compiled_<dtype>` beside `first_step_seconds_<dtype>` (the compile's cost
-lands in the first step).
+lands in the first step). `--compiled-engine` runs each job again with the vLLM engines
+compiled (`rollout.enforce_eager: false`; eager is the CPU default): `rollout_speedup_
+compiled_engine_<dtype>` and `step_speedup_compiled_engine_<dtype>` (the plain job's times over
+the compiled engines' job's), its `rollout_vs_bandwidth_floor_compiled_engine` and
+`first_step_seconds_compiled_engine_<dtype>` (vLLM keeps its compiled graphs on disk, in
+`~/.cache/vllm/torch_compile_cache`: only a machine's first run pays the whole compile).
 
 The script checks what it measures: the jobs run to their last step on the SmolLM2
 checkpoint, responses are generated (mean length over 4 tokens), every phase named above
 reports a time, and the bf16 job's actor update is not the fp32 one's (their times differ by
 1.2x or more: otherwise mixed precision was not on).
 
-    .venv/bin/python bench/step_profile.py [--steps 5] [--no-bf16] [--before] [--compiled] [--trl]
+    .venv/bin/python bench/step_profile.py [--steps 5] [--no-bf16] [--before] [--compiled]
+        [--compiled-engine] [--trl]
 """
 
 from __future__ import annotations
@@ -106,6 +112,7 @@ BEFORE = {"actor_rollout_ref.actor.ppo_micro_batch_size_per_rank": 8,
           "actor_rollout_ref.actor.optim.fused": False,
           "actor_rollout_ref.actor.fsdp_config.mixed_precision.cast_weights_once": False}
 COMPILED = {"actor_rollout_ref.model.compile_layers": True}  # `--compiled`
+COMPILED_ENGINE = {"actor_rollout_ref.rollout.enforce_eager": False}  # `--compiled-engine`
 
 
 @dataclass(frozen=True)
@@ -294,6 +301,22 @@ def report_compiled(name: str, outcomes: dict[str, JobOutcome], limits: Limits,
     print(f"RESULT first_step_seconds_compiled_{name} {first_step_seconds(compiled):.2f}")
 
 
+def report_compiled_engine(name: str, outcomes: dict[str, JobOutcome], limits: Limits,
+                           counter: FlopCounter, prompt_tokens: float, prompts: int,
+                           samples: int, params: int) -> None:
+    """The `--compiled-engine` job of dtype `name` against the plain one."""
+    plain, compiled = outcomes[name], outcomes[f"{name}_compiled_engine"]
+    figures = report(f"{name}_compiled_engine", compiled, limits, counter,
+                     step_shape(compiled, prompt_tokens, prompts, samples), params)
+    new, old = phase_seconds(compiled), phase_seconds(plain)
+    print(f"RESULT rollout_speedup_compiled_engine_{name} {old['rollout'] / new['rollout']:.3f}")
+    print(f"RESULT step_speedup_compiled_engine_{name} {old['step'] / new['step']:.3f}")
+    print(f"RESULT rollout_vs_bandwidth_floor_compiled_engine_{name} "
+          f"{figures['rollout_floor']:.3f}")
+    print(f"RESULT first_step_seconds_compiled_engine_{name} "
+          f"{first_step_seconds(compiled):.2f}")
+
+
 def profile_update(bf16: bool, shape: Shape) -> None:
     """torch.profiler's top operators of one rank's share of the actor update (its rows, the
     example's micro-batches and switches, one thread), the second of two updates."""
@@ -317,6 +340,8 @@ def main() -> None:
                         help="each job also with the settings before #33's switches")
     parser.add_argument("--compiled", action="store_true",
                         help="each job also with the actor's decoder layers compiled")
+    parser.add_argument("--compiled-engine", action="store_true",
+                        help="each job also with the vLLM engines compiled (not eager)")
     parser.add_argument("--trl", action="store_true",
                         help="TRL's GRPOTrainer on the same job too (bench/trl_grpo.py)")
     args = parser.parse_args()
@@ -343,6 +368,8 @@ def main() -> None:
     variants = {"before": BEFORE} if args.before else {}
     if args.compiled:
         variants["compiled"] = COMPILED
+    if args.compiled_engine:
+        variants["compiled_engine"] = COMPILED_ENGINE
     with LocalRedis() as redis:
         for name in dtypes:
             outcomes[name] = run_smollm2(name, configs[name], redis.url, "bench_step_profile")
@@ -365,6 +392,9 @@ def main() -> None:
     for name in dtypes if args.compiled else []:
         report_compiled(name, outcomes, limits, counter, prompt_tokens, prompts, samples,
                         params)
+    for name in dtypes if args.compiled_engine else []:
+        report_compiled_engine(name, outcomes, limits, counter, prompt_tokens, prompts,
+                               samples, params)
     shapes = {name: step_shape(outcomes[name], prompt_tokens, prompts, samples)
               for name in dtypes}
     figures = {name: report(name, outcomes[name], limits, counter, shapes[name], params)

@@ -33,3 +33,13 @@ def test_a_tensor_parallel_node_is_refused_on_cpu(tiny_checkpoint: Path, tmp_pat
     worker.plan = PlanView(plan)
     with pytest.raises(InvalidInputError, match=r"'rollout'.*tp_size x pp_size > 1.*on CPU"):
         worker.init_graph()
+
+
+def test_ranks_on_machine_counts_the_ranks_placed_beside_a_rank() -> None:
+    plan = scheduler_pb2.Plan(world_size=3)
+    for rank, machine in ((0, 0), (1, 0), (2, 1)):
+        plan.placements.add(rank=rank, node_rank=machine)
+    view = PlanView(plan)
+    assert [view.ranks_on_machine_of(r) for r in range(3)] == [2, 2, 1]
+    # a plan without placements puts every rank on one machine
+    assert PlanView(scheduler_pb2.Plan(world_size=2)).ranks_on_machine_of(1) == 2

@@ -41,6 +41,15 @@ def device_local_rank(local_rank: int, gpu_ids: list[Any], visible_devices: str 
     return int(own) if own.isdigit() else 0  # every GPU visible: its own id
 
 
+def _node_cpus() -> int | None:
+    """The CPUs Ray's node of this process declares (fewer than the host's where several
+    nodes share a host, as in a test cluster), None if Ray does not say."""
+    own = ray.get_runtime_context().get_node_id()
+    cpus = next((node.get("Resources", {}).get("CPU") for node in ray.nodes()
+                 if node.get("NodeID") == own), None)
+    return int(cpus) if cpus else None
+
+
 @ray.remote
 class DAGWorkerActor:
     def __init__(self, spec: WorkerSpec, rank: int, local_rank: int = 0) -> None:
@@ -51,7 +60,8 @@ class DAGWorkerActor:
         os.environ["LOCAL_RANK"] = str(device_local_rank(
             local_rank, gpu_ids, os.environ.get("CUDA_VISIBLE_DEVICES")))
         self.worker = DAGWorker(spec, rank, store=open_shard_store(
-            spec.redis_url, spec.machine_buffer_urls), has_gpu=bool(gpu_ids))
+            spec.redis_url, spec.machine_buffer_urls), has_gpu=bool(gpu_ids),
+            node_cpus=_node_cpus())
 
     def node_id(self) -> str:
         """The Ray node this rank runs on (tests check it against the plan's binding)."""

@@ -69,17 +69,20 @@ log = logging.getLogger("dagrl.worker")
 
 class DAGWorker:
     def __init__(self, spec: WorkerSpec, rank: int, store: ShardStore | None = None,
-                 has_gpu: bool | None = None) -> None:
+                 has_gpu: bool | None = None, node_cpus: int | None = None) -> None:
         """`has_gpu`: whether Ray gave this rank a GPU (None outside Ray: whether torch sees
-        one); with `trainer.device` it decides the rank's device (`dagrl_worker.rank.device`)."""
-        torch.set_num_threads(WorkerSettings.from_env().torch_threads)
+        one); with `trainer.device` it decides the rank's device (`dagrl_worker.rank.device`).
+        `node_cpus`: the CPUs of this rank's Ray node, a bound on its threads beside the
+        cores this process may run on (`WorkerSettings.rank_threads`; None: no such bound)."""
         self.spec, self.rank, self.store = spec, rank, store
+        self.plan = spec.plan_view()
+        torch.set_num_threads(WorkerSettings.from_env().rank_threads(
+            self.plan.ranks_on_machine_of(rank), node_cpus=node_cpus))
         config = spec.job_config()
         self.device = rank_device(config.trainer.device, has_gpu)
         self.config: JobConfig = for_device(config, self.device)
         use_tf32(self.device, self.config.trainer.allow_tf32)
         self.graph = spec.workflow()
-        self.plan = spec.plan_view()
         self.groups = RankGroups(self.graph, self.plan, rank, self.device)
         self.models: dict[int, AgentModels] = {}  # by agent group, filled by init_graph
         self.checkpoint_root = Path(spec.checkpoint_dir)

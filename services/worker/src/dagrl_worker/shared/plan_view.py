@@ -62,6 +62,11 @@ class PlanView:
         """The index of the machine rank `rank` runs on (0 in a plan without placements)."""
         return self.machines.get(rank, 0)
 
+    def ranks_on_machine_of(self, rank: int) -> int:
+        """How many of the plan's ranks share rank `rank`'s machine (itself included)."""
+        machine = self.machine_of(rank)
+        return sum(1 for other in range(self.world_size) if self.machine_of(other) == machine)
+
     def home_of(self, node_id: str, dp_rank: int) -> int:
         """The machine of dp rank `dp_rank` of the node (its first rank's): where its shards
         of the node's output live when the databuffer has one instance per machine."""
