@@ -82,6 +82,8 @@ def test_ppo_update_raises_log_prob_of_positive_advantage(tiny_checkpoint: Path)
     config = ActorConfig(ppo_mini_batch_size=2, ppo_micro_batch_size_per_rank=2,
                          optim=OptimConfig(lr=1e-2), use_kl_loss=True)
     engine = TrainEngine(model, config.optim, total_steps=10, dp=DataParallel())
+    # the CPU peak is measured at the first update, not while the rank (and its peers) load
+    assert "peak_flops" not in vars(engine)
     before = [p.detach().clone() for p in model.parameters()]
     sink = MetricSink()
     update = ActorUpdate(config, RolloutCorrectionConfig(), temperature=1.0)
@@ -96,3 +98,4 @@ def test_ppo_update_raises_log_prob_of_positive_advantage(tiny_checkpoint: Path)
     summary = sink.summary()
     assert {"actor/pg_loss", "actor/grad_norm", "actor/lr", "actor/ppo_kl"} <= set(summary)
     assert 0 < summary["perf/mfu/actor"][1] < 1  # CPU: against the measured matmul rate
+    assert vars(engine)["peak_flops"] > 1e8

@@ -19,6 +19,7 @@ base-model weights.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -76,9 +77,8 @@ class TrainEngine:
         first = next(module.parameters())
         self.device = options.device or first.device
         self.precision = options.precision
-        compute_dtype = options.precision.param_dtype if options.precision.is_mixed \
+        self.compute_dtype = options.precision.param_dtype if options.precision.is_mixed \
             else first.dtype
-        self.peak_flops = peak_flops(self.device, compute_dtype)  # per rank; None: unknown
         self.dp = dp
         self.strategy = options.strategy
         self.options = options
@@ -92,6 +92,14 @@ class TrainEngine:
         self.steps_taken = 0  # optimizer steps of this process (not restored on resume)
         self.params_on_host = False
         self.optimizer_on_host = False
+
+    @functools.cached_property
+    def peak_flops(self) -> float | None:
+        """This rank's peak FLOP/s in the compute dtype (None: unknown), on CPU measured on
+        first use. `training.ppo` first asks right after a collective, so every rank of a
+        machine measures while its peers compute too, as they do in the update: measured
+        at construction, with a peer still loading its engine, it read low (an MFU of 1.2)."""
+        return peak_flops(self.device, self.compute_dtype)
 
     def _wrap(self, module: torch.nn.Module) -> torch.nn.Module:
         """DDP over two or more ranks; FSDP2 over any group it is given (one rank too: its
