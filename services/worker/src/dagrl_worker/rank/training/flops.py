@@ -111,8 +111,10 @@ def measured_cpu_matmul_flops(dtype: torch.dtype = torch.float32, size: int = 51
     this process's threads (best of a few timed runs). Its operands come from a generator
     of its own: the global RNG, which seeds sampling, is left as it was."""
     generator = torch.Generator().manual_seed(0)
-    a = torch.randn(size, size, generator=generator).to(dtype)
-    b = torch.randn(size, size, generator=generator).to(dtype)
+    # drawn in `dtype`: no cast, which an update's first use (`TrainEngine.peak_flops`) would
+    # add to the update's own casts
+    a = torch.randn(size, size, generator=generator, dtype=dtype)
+    b = torch.randn(size, size, generator=generator, dtype=dtype)
     # `linear`, as the models run: on a CPU without native bf16, bf16 `mm` takes a path
     # several times slower than `linear`'s (1.2 against 7.4 GFLOP/s on one AVX2 core)
     torch.nn.functional.linear(a, b)  # warm-up
