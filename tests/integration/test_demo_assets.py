@@ -60,3 +60,21 @@ def test_a_waiter_without_the_builder_stops_at_its_failure_marker(tmp_path: Path
     (tmp_path / "builder.failed").write_text("OSError: disk full\n")
     with pytest.raises(RuntimeError, match="disk full"):
         SharedAssets(tmp_path).wait("demo", timeout_s=600)
+
+
+def test_the_builder_runs_behind_the_tests_and_their_ray_workers() -> None:
+    """The builder's niceness is below Ray's workers' (15), and so is its session's scheduling
+    group where the kernel groups by session: otherwise its group shares the CPU equally with
+    the tests' whatever the niceness, and it took half the machine from them."""
+    probe = ("import os, pathlib; from tests.shared_assets import yield_to_the_tests; "
+             "yield_to_the_tests(); group = pathlib.Path('/proc/self/autogroup'); "
+             "print(os.nice(0), group.read_text().split()[-1] if group.exists() else '-')")
+    ours = Path("/proc/self/autogroup")
+    before = ours.read_text() if ours.exists() else None
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True, start_new_session=True,
+                          cwd=Path(__file__).resolve().parents[2])
+    niceness, group_niceness = done.stdout.split()
+    assert int(niceness) == 19
+    assert group_niceness == ("19" if ours.exists() else "-")
+    assert (ours.read_text() if ours.exists() else None) == before  # its own group, not ours
