@@ -81,9 +81,9 @@ class DataBufferServer:
     def address(self) -> str:
         return f"{self.config.host}:{self.port}"
 
-    def serve(self) -> None:
-        """Block until `stop()` (from another thread or a signal handler)."""
-        self._stopped.wait()
+    def serve(self, timeout_s: float | None = None) -> bool:
+        """Block until `stop()` (from another thread) or for `timeout_s`; whether stopped."""
+        return self._stopped.wait(timeout_s)
 
     def stop(self, grace_s: float = 1.0) -> None:
         """Stop serving and close the Redis client; idempotent."""

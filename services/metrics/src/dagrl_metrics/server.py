@@ -85,9 +85,9 @@ class MetricsServer:
                      self.http_port)
             return self
 
-    def serve(self) -> None:
-        """Block until `stop()` (from another thread or a signal handler)."""
-        self._stopped.wait()
+    def serve(self, timeout_s: float | None = None) -> bool:
+        """Block until `stop()` (from another thread) or for `timeout_s`; whether stopped."""
+        return self._stopped.wait(timeout_s)
 
     def stop(self, grace_s: float = 1.0) -> None:
         """Stop every listener and the forwarder; idempotent."""

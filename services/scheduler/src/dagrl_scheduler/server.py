@@ -93,9 +93,9 @@ class SchedulerServer:
         except UnavailableError as exc:
             log.warning("job store not reachable yet (%s); retrying on the first job RPC", exc)
 
-    def serve(self) -> None:
-        """Block until `stop()` (from another thread or a signal handler)."""
-        self._stopped.wait()
+    def serve(self, timeout_s: float | None = None) -> bool:
+        """Block until `stop()` (from another thread) or for `timeout_s`; whether stopped."""
+        return self._stopped.wait(timeout_s)
 
     def stop(self, grace_s: float = 2.0) -> None:
         if self._server is None:
