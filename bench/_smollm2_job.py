@@ -94,6 +94,7 @@ class UpdateSetup:
     fused_adamw: bool = True  # optim.fused
     log_prob_impl: str = "chunked"  # model.log_prob_impl (auto: chunked on CPU)
     compile_layers: bool = False  # model.compile_layers
+    max_tokens: int | None = None  # use_dynamic_bsz's ppo_max_token_len_per_rank (None: off)
 
 
 class RankUpdate:
@@ -113,7 +114,7 @@ class RankUpdate:
                              use_kl_loss=True, kl_loss_coef=0.001)
         self.actor_update = ppo.ActorUpdate(config, RolloutCorrectionConfig(), 1.0,
                                             log_prob_impl=setup.log_prob_impl)  # type: ignore[arg-type]
-        self.plan = ppo.MiniBatchPlan(1, MicroBatching(setup.micro_batch), 1)
+        self.plan = ppo.MiniBatchPlan(1, MicroBatching(setup.micro_batch, setup.max_tokens), 1)
         self.rows = rows
 
     def update(self) -> None:

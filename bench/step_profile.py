@@ -50,6 +50,11 @@ compiled_engine_<dtype>` and `step_speedup_compiled_engine_<dtype>` (the plain j
 the compiled engines' job's), its `rollout_vs_bandwidth_floor_compiled_engine` and
 `first_step_seconds_compiled_engine_<dtype>` (vLLM keeps its compiled graphs on disk, in
 `~/.cache/vllm/torch_compile_cache`: only a machine's first run pays the whole compile).
+`--token-budget` runs each job again with token-budget micro-batches on the update and both
+log-prob passes (`use_dynamic_bsz`, `log_prob_use_dynamic_bsz`, 640 real tokens each: rows
+of like lengths together, each micro-batch cut to its longest row):
+`step_speedup_token_budget_<dtype>`, `actor_update_speedup_token_budget_<dtype>`,
+`ref_speedup_token_budget_<dtype>` and `actor_update_vs_matmul_peak_<dtype>_token_budget`.
 
 The script checks what it measures: the jobs run to their last step on the SmolLM2
 checkpoint, responses are generated (mean length over 4 tokens), every phase named above
@@ -57,7 +62,7 @@ reports a time, and the bf16 job's actor update is not the fp32 one's (their tim
 1.2x or more: otherwise mixed precision was not on).
 
     .venv/bin/python bench/step_profile.py [--steps 5] [--no-bf16] [--before] [--compiled]
-        [--compiled-engine] [--trl]
+        [--compiled-engine] [--token-budget] [--trl]
 """
 
 from __future__ import annotations
@@ -113,6 +118,15 @@ BEFORE = {"actor_rollout_ref.actor.ppo_micro_batch_size_per_rank": 8,
           "actor_rollout_ref.actor.fsdp_config.mixed_precision.cast_weights_once": False}
 COMPILED = {"actor_rollout_ref.model.compile_layers": True}  # `--compiled`
 COMPILED_ENGINE = {"actor_rollout_ref.rollout.enforce_eager": False}  # `--compiled-engine`
+# `--token-budget`: every pass in micro-batches of rows of like lengths (about a third of a
+# rank's real tokens each), cut to their own longest row
+TOKEN_BUDGET_TOKENS = 640
+TOKEN_BUDGET = {"actor_rollout_ref.actor.use_dynamic_bsz": True,
+                "actor_rollout_ref.actor.ppo_max_token_len_per_rank": TOKEN_BUDGET_TOKENS,
+                "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": True,
+                "actor_rollout_ref.rollout.log_prob_max_token_len_per_rank": TOKEN_BUDGET_TOKENS,
+                "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": True,
+                "actor_rollout_ref.ref.log_prob_max_token_len_per_rank": TOKEN_BUDGET_TOKENS}
 
 
 @dataclass(frozen=True)
@@ -284,37 +298,66 @@ def first_step_seconds(outcome: JobOutcome) -> float:
     return step_rows(outcome)[0][STEP_SECONDS]
 
 
-def report_compiled(name: str, outcomes: dict[str, JobOutcome], limits: Limits,
-                    counter: FlopCounter, prompt_tokens: float, prompts: int, samples: int,
-                    params: int) -> None:
+@dataclass(frozen=True)
+class Measured:
+    """What the variants' reports read: the jobs' outcomes, the limits, the step's shape."""
+
+    outcomes: dict[str, JobOutcome]
+    limits: Limits
+    counter: FlopCounter
+    prompt_tokens: float
+    prompts: int
+    samples: int
+    params: int
+
+    def against_plain(self, name: str, variant: str
+                      ) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+        """The `variant` job of dtype `name` reported like the plain one; returns its
+        figures, its phases' seconds and the plain job's."""
+        changed = self.outcomes[f"{name}_{variant}"]
+        shape = step_shape(changed, self.prompt_tokens, self.prompts, self.samples)
+        figures = report(f"{name}_{variant}", changed, self.limits, self.counter, shape,
+                         self.params)
+        return figures, phase_seconds(changed), phase_seconds(self.outcomes[name])
+
+
+def print_speedups(name: str, variant: str, new: dict[str, float], old: dict[str, float],
+                   phases: dict[str, str]) -> None:
+    """`RESULT <label>_speedup_<variant>_<dtype>`: the plain job's seconds of each phase over
+    the variant's (`phases`: label -> phase)."""
+    for label, phase in phases.items():
+        print(f"RESULT {label}_speedup_{variant}_{name} {old[phase] / new[phase]:.3f}")
+
+
+def report_compiled(name: str, measured: Measured) -> None:
     """The `--compiled` job of dtype `name` against the plain one: steps after the first,
     and the first step, where the compile's cost lands."""
-    plain, compiled = outcomes[name], outcomes[f"{name}_compiled"]
-    figures = report(f"{name}_compiled", compiled, limits, counter,
-                     step_shape(compiled, prompt_tokens, prompts, samples), params)
-    new, old = phase_seconds(compiled), phase_seconds(plain)
-    print(f"RESULT step_speedup_compiled_{name} {old['step'] / new['step']:.3f}")
-    print(f"RESULT actor_update_speedup_compiled_{name} "
-          f"{old['actor_train'] / new['actor_train']:.3f}")
+    figures, new, old = measured.against_plain(name, "compiled")
+    print_speedups(name, "compiled", new, old, {"step": "step", "actor_update": "actor_train"})
     print(f"RESULT actor_update_vs_matmul_peak_{name}_compiled {figures['actor_train']:.3f}")
-    print(f"RESULT first_step_seconds_{name} {first_step_seconds(plain):.2f}")
-    print(f"RESULT first_step_seconds_compiled_{name} {first_step_seconds(compiled):.2f}")
+    print(f"RESULT first_step_seconds_{name} "
+          f"{first_step_seconds(measured.outcomes[name]):.2f}")
+    print(f"RESULT first_step_seconds_compiled_{name} "
+          f"{first_step_seconds(measured.outcomes[f'{name}_compiled']):.2f}")
 
 
-def report_compiled_engine(name: str, outcomes: dict[str, JobOutcome], limits: Limits,
-                           counter: FlopCounter, prompt_tokens: float, prompts: int,
-                           samples: int, params: int) -> None:
+def report_compiled_engine(name: str, measured: Measured) -> None:
     """The `--compiled-engine` job of dtype `name` against the plain one."""
-    plain, compiled = outcomes[name], outcomes[f"{name}_compiled_engine"]
-    figures = report(f"{name}_compiled_engine", compiled, limits, counter,
-                     step_shape(compiled, prompt_tokens, prompts, samples), params)
-    new, old = phase_seconds(compiled), phase_seconds(plain)
-    print(f"RESULT rollout_speedup_compiled_engine_{name} {old['rollout'] / new['rollout']:.3f}")
-    print(f"RESULT step_speedup_compiled_engine_{name} {old['step'] / new['step']:.3f}")
+    figures, new, old = measured.against_plain(name, "compiled_engine")
+    print_speedups(name, "compiled_engine", new, old, {"rollout": "rollout", "step": "step"})
     print(f"RESULT rollout_vs_bandwidth_floor_compiled_engine_{name} "
           f"{figures['rollout_floor']:.3f}")
     print(f"RESULT first_step_seconds_compiled_engine_{name} "
-          f"{first_step_seconds(compiled):.2f}")
+          f"{first_step_seconds(measured.outcomes[f'{name}_compiled_engine']):.2f}")
+
+
+def report_token_budget(name: str, measured: Measured) -> None:
+    """The `--token-budget` job of dtype `name` against the plain one."""
+    figures, new, old = measured.against_plain(name, "token_budget")
+    print_speedups(name, "token_budget", new, old,
+                   {"step": "step", "actor_update": "actor_train", "ref": "ref_log_prob"})
+    print(f"RESULT actor_update_vs_matmul_peak_{name}_token_budget "
+          f"{figures['actor_train']:.3f}")
 
 
 def profile_update(bf16: bool, shape: Shape) -> None:
@@ -342,6 +385,8 @@ def main() -> None:
                         help="each job also with the actor's decoder layers compiled")
     parser.add_argument("--compiled-engine", action="store_true",
                         help="each job also with the vLLM engines compiled (not eager)")
+    parser.add_argument("--token-budget", action="store_true",
+                        help="each job also with token-budget micro-batches on every pass")
     parser.add_argument("--trl", action="store_true",
                         help="TRL's GRPOTrainer on the same job too (bench/trl_grpo.py)")
     args = parser.parse_args()
@@ -370,6 +415,8 @@ def main() -> None:
         variants["compiled"] = COMPILED
     if args.compiled_engine:
         variants["compiled_engine"] = COMPILED_ENGINE
+    if args.token_budget:
+        variants["token_budget"] = TOKEN_BUDGET
     with LocalRedis() as redis:
         for name in dtypes:
             outcomes[name] = run_smollm2(name, configs[name], redis.url, "bench_step_profile")
@@ -389,12 +436,13 @@ def main() -> None:
         print(f"RESULT step_speedup_vs_before_{name} {old['step'] / new['step']:.3f}")
         print(f"RESULT actor_update_speedup_vs_before_{name} "
               f"{old['actor_train'] / new['actor_train']:.3f}")
+    measured = Measured(outcomes, limits, counter, prompt_tokens, prompts, samples, params)
     for name in dtypes if args.compiled else []:
-        report_compiled(name, outcomes, limits, counter, prompt_tokens, prompts, samples,
-                        params)
+        report_compiled(name, measured)
     for name in dtypes if args.compiled_engine else []:
-        report_compiled_engine(name, outcomes, limits, counter, prompt_tokens, prompts,
-                               samples, params)
+        report_compiled_engine(name, measured)
+    for name in dtypes if args.token_budget else []:
+        report_token_budget(name, measured)
     shapes = {name: step_shape(outcomes[name], prompt_tokens, prompts, samples)
               for name in dtypes}
     figures = {name: report(name, outcomes[name], limits, counter, shapes[name], params)

@@ -13,13 +13,16 @@ example's). Each variant turns one switch back:
 - `listed_adamw`: `optim.fused: false`;
 - `micro_batch_8`: 8 rows per micro-batch (the example's before);
 - `logits_log_probs`: every token's logits, then log-softmax (the default before `auto`);
-- `compiled_layers`: `model.compile_layers: true` (its compile is one warm-up, not timed).
+- `compiled_layers`: `model.compile_layers: true` (its compile is one warm-up, not timed);
+- `token_budget`: `use_dynamic_bsz` with 640 real tokens a micro-batch (about a third of the
+  rows'): rows sorted by length, each micro-batch cut to its own longest response.
 Each figure is variant time / reference time (above 1: the reference's setting pays; for
-`compiled_layers`, the one variant that turns a switch on, below 1: compiling pays), medians of
-`--repeats` updates after a warm-up, two variants at a time alternated with a reference of
-their own so that load drifts hit both (the first group's reference is `update_seconds`).
-`update_gflops_per_s` is the reference's model FLOP/s and `update_vs_matmul_peak` that over
-a large matmul's FLOP/s on one thread in the same dtype, measured in the same run.
+`compiled_layers` and `token_budget`, which turn a switch on, below 1: the switch pays),
+medians of `--repeats` updates after a warm-up, two variants at a time alternated with a
+reference of their own so that load drifts hit both (the first group's reference is
+`update_seconds`). `update_gflops_per_s` is the reference's model FLOP/s and
+`update_vs_matmul_peak` that over a large matmul's FLOP/s on one thread in the same dtype,
+measured in the same run.
 
 The script checks what it measures: every variant's update changes the parameters, and the
 reference's rows carry the padding a sampled batch has (responses of different lengths).
@@ -52,6 +55,8 @@ VARIANTS = {
     "micro_batch_8": {"micro_batch": 8},
     "logits_log_probs": {"log_prob_impl": "logits"},
     "compiled_layers": {"compile_layers": True},
+    # about a third of the rows' real tokens a micro-batch: rows of like lengths together
+    "token_budget": {"max_tokens": 640},
 }
 
 
