@@ -95,6 +95,7 @@ class UpdateSetup:
     log_prob_impl: str = "chunked"  # model.log_prob_impl (auto: chunked on CPU)
     compile_layers: bool = False  # model.compile_layers
     max_tokens: int | None = None  # use_dynamic_bsz's ppo_max_token_len_per_rank (None: off)
+    saved_logits_mb: int = 512  # model.log_prob_saved_logits_mb
 
 
 class RankUpdate:
@@ -113,7 +114,8 @@ class RankUpdate:
                              ppo_micro_batch_size_per_rank=setup.micro_batch,
                              use_kl_loss=True, kl_loss_coef=0.001)
         self.actor_update = ppo.ActorUpdate(config, RolloutCorrectionConfig(), 1.0,
-                                            log_prob_impl=setup.log_prob_impl)  # type: ignore[arg-type]
+                                            log_prob_impl=setup.log_prob_impl,  # type: ignore[arg-type]
+                                            saved_logits_bytes=setup.saved_logits_mb * 2**20)
         self.plan = ppo.MiniBatchPlan(1, MicroBatching(setup.micro_batch, setup.max_tokens), 1)
         self.rows = rows
 

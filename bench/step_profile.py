@@ -55,6 +55,11 @@ log-prob passes (`use_dynamic_bsz`, `log_prob_use_dynamic_bsz`, 640 real tokens 
 of like lengths together, each micro-batch cut to its longest row):
 `step_speedup_token_budget_<dtype>`, `actor_update_speedup_token_budget_<dtype>`,
 `ref_speedup_token_budget_<dtype>` and `actor_update_vs_matmul_peak_<dtype>_token_budget`.
+`--head-recomputed` runs each job again with the chunked log-probs' backward recomputing the
+output head's logits instead of keeping the forward's (`model.log_prob_saved_logits_mb: 0`,
+as before 2026-12-07): `actor_update_speedup_saved_logits_<dtype>` and
+`step_speedup_saved_logits_<dtype>` are the recomputing job's times over the plain job's
+(above 1: keeping the logits pays).
 
 The script checks what it measures: the jobs run to their last step on the SmolLM2
 checkpoint, responses are generated (mean length over 4 tokens), every phase named above
@@ -62,7 +67,7 @@ reports a time, and the bf16 job's actor update is not the fp32 one's (their tim
 1.2x or more: otherwise mixed precision was not on).
 
     .venv/bin/python bench/step_profile.py [--steps 5] [--no-bf16] [--before] [--compiled]
-        [--compiled-engine] [--token-budget] [--trl]
+        [--compiled-engine] [--token-budget] [--head-recomputed] [--trl]
 """
 
 from __future__ import annotations
@@ -118,6 +123,7 @@ BEFORE = {"actor_rollout_ref.actor.ppo_micro_batch_size_per_rank": 8,
           "actor_rollout_ref.actor.fsdp_config.mixed_precision.cast_weights_once": False}
 COMPILED = {"actor_rollout_ref.model.compile_layers": True}  # `--compiled`
 COMPILED_ENGINE = {"actor_rollout_ref.rollout.enforce_eager": False}  # `--compiled-engine`
+HEAD_RECOMPUTED = {"actor_rollout_ref.model.log_prob_saved_logits_mb": 0}  # `--head-recomputed`
 # `--token-budget`: every pass in micro-batches of rows of like lengths (about a third of a
 # rank's real tokens each), cut to their own longest row
 TOKEN_BUDGET_TOKENS = 640
@@ -360,6 +366,14 @@ def report_token_budget(name: str, measured: Measured) -> None:
           f"{figures['actor_train']:.3f}")
 
 
+def report_head_recomputed(name: str, measured: Measured) -> None:
+    """The `--head-recomputed` job of dtype `name` against the plain one, which keeps the
+    forward's logits: the recomputing job's seconds over the plain job's."""
+    _, recomputing, keeping = measured.against_plain(name, "head_recomputed")
+    print_speedups(name, "saved_logits", keeping, recomputing,
+                   {"step": "step", "actor_update": "actor_train"})
+
+
 def profile_update(bf16: bool, shape: Shape) -> None:
     """torch.profiler's top operators of one rank's share of the actor update (its rows, the
     example's micro-batches and switches, one thread), the second of two updates."""
@@ -387,6 +401,8 @@ def main() -> None:
                         help="each job also with the vLLM engines compiled (not eager)")
     parser.add_argument("--token-budget", action="store_true",
                         help="each job also with token-budget micro-batches on every pass")
+    parser.add_argument("--head-recomputed", action="store_true",
+                        help="each job also with the head's logits recomputed in backward")
     parser.add_argument("--trl", action="store_true",
                         help="TRL's GRPOTrainer on the same job too (bench/trl_grpo.py)")
     args = parser.parse_args()
@@ -417,6 +433,8 @@ def main() -> None:
         variants["compiled_engine"] = COMPILED_ENGINE
     if args.token_budget:
         variants["token_budget"] = TOKEN_BUDGET
+    if args.head_recomputed:
+        variants["head_recomputed"] = HEAD_RECOMPUTED
     with LocalRedis() as redis:
         for name in dtypes:
             outcomes[name] = run_smollm2(name, configs[name], redis.url, "bench_step_profile")
@@ -443,6 +461,8 @@ def main() -> None:
         report_compiled_engine(name, measured)
     for name in dtypes if args.token_budget else []:
         report_token_budget(name, measured)
+    for name in dtypes if args.head_recomputed else []:
+        report_head_recomputed(name, measured)
     shapes = {name: step_shape(outcomes[name], prompt_tokens, prompts, samples)
               for name in dtypes}
     figures = {name: report(name, outcomes[name], limits, counter, shapes[name], params)

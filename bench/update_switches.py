@@ -13,6 +13,8 @@ example's). Each variant turns one switch back:
 - `listed_adamw`: `optim.fused: false`;
 - `micro_batch_8`: 8 rows per micro-batch (the example's before);
 - `logits_log_probs`: every token's logits, then log-softmax (the default before `auto`);
+- `head_recomputed`: chunked log-probs whose backward recomputes the output head's logits
+  (`model.log_prob_saved_logits_mb: 0`, the chunked path before 2026-12-07's session 13);
 - `compiled_layers`: `model.compile_layers: true` (its compile is one warm-up, not timed);
 - `token_budget`: `use_dynamic_bsz` with 640 real tokens a micro-batch (about a third of the
   rows'): rows sorted by length, each micro-batch cut to its own longest response.
@@ -54,6 +56,7 @@ VARIANTS = {
     "listed_adamw": {"fused_adamw": False},
     "micro_batch_8": {"micro_batch": 8},
     "logits_log_probs": {"log_prob_impl": "logits"},
+    "head_recomputed": {"saved_logits_mb": 0},
     "compiled_layers": {"compile_layers": True},
     # about a third of the rows' real tokens a micro-batch: rows of like lengths together
     "token_budget": {"max_tokens": 640},

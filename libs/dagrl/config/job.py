@@ -63,6 +63,12 @@ class ModelConfig:
         "(liger-kernel's fused linear log-prob, GPU, needs liger-kernel installed). auto: "
         "chunked on CPU (a SmolLM2 update 1.8x faster, bench/update_switches.py), logits on "
         "GPU (not measured there yet)")
+    log_prob_saved_logits_mb: int = option(
+        512, "chunked log-probs in an update: the forward keeps its first chunks' logits, up to "
+        "this many MiB a micro-batch, and the backward uses them instead of recomputing the "
+        "output head's matmul (the same gradients; a SmolLM2 update's backward of the head "
+        "1.5x faster on CPU, bench/update_switches.py). 0: recompute every chunk, the least "
+        "memory")
     compile_layers: bool = option(
         False, "torch.compile each decoder layer (fuses norms, activations, rotary "
         "embeddings; the first step pays the compile; inductor needs a C compiler on CPU)")
@@ -88,6 +94,9 @@ class ModelConfig:
             problems.append(f"lora_rank must be >= 0 (0: no LoRA), got {self.lora_rank}")
         if self.lora_rank > 0 and self.lora_alpha <= 0:
             problems.append(f"lora_alpha must be > 0, got {self.lora_alpha}")
+        if self.log_prob_saved_logits_mb < 0:
+            problems.append("log_prob_saved_logits_mb must be >= 0 (0: recompute the logits in "
+                            f"the backward), got {self.log_prob_saved_logits_mb}")
         if self.gradient_checkpointing_every < 1:
             problems.append("gradient_checkpointing_every must be >= 1 (1: every layer), got "
                             f"{self.gradient_checkpointing_every}")

@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from dagrl.batch import Batch
 from dagrl.batch import schema as fields
-from dagrl.config import ModelConfig, OptimConfig
+from dagrl.config import ModelConfig, OptimConfig, load_job_config
 from dagrl.errors import ConfigError
 from dagrl.models import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from dagrl_worker.rank.device import Precision
@@ -171,17 +171,117 @@ def test_entropy_without_grad_keeps_no_graph_and_the_same_log_prob_gradients(
 
 
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_the_chunked_function_passes_gradcheck(with_bias: bool) -> None:
-    """float64 finite differences of log-probs and entropies w.r.t. hidden, weight, bias."""
+@pytest.mark.parametrize("saved_bytes", [0, 2**20])
+def test_the_chunked_function_passes_gradcheck(with_bias: bool, saved_bytes: int) -> None:
+    """float64 finite differences of log-probs and entropies w.r.t. hidden, weight, bias,
+    with the logits recomputed in backward and kept from the forward (gradcheck's later
+    backwards through the same graph recompute them: a kept chunk serves one)."""
     generator = torch.Generator().manual_seed(0)
     hidden = torch.randn(11, 6, dtype=torch.float64, generator=generator, requires_grad=True)
     head = torch.nn.Linear(6, 13, bias=with_bias, dtype=torch.float64)
     targets = torch.randint(0, 13, (11,), generator=generator)
 
     def both(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> Any:
-        return _ChunkedLogProbs.apply(h, w, b, targets, 0.7, 4, torch.float64, True)
+        return _ChunkedLogProbs.apply(h, w, b, targets, 0.7, 4, torch.float64, True,
+                                      saved_bytes)
 
     assert torch.autograd.gradcheck(both, (hidden, head.weight, head.bias))
+
+
+def _head_case(dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.nn.Linear,
+                                                            torch.Tensor, torch.Tensor]:
+    """hidden [40, 16] (a leaf), a head of 300 outputs with a bias, targets and arbitrary
+    upstream gradients for the log-probs."""
+    generator = torch.Generator().manual_seed(3)
+    hidden = torch.randn(40, 16, generator=generator, dtype=dtype).requires_grad_()
+    head = torch.nn.Linear(16, 300, dtype=dtype)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(300, 16, generator=generator) * 0.3)
+        head.bias.copy_(torch.randn(300, generator=generator))
+    targets = torch.randint(0, 300, (40,), generator=generator)
+    return hidden, head, targets, torch.randn(40, generator=generator)
+
+
+CHUNK = 8  # tokens: 5 chunks of [8, 300] fp32 logits, 9,600 bytes each
+CHUNK_LOGITS_BYTES = CHUNK * 300 * 4
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+@pytest.mark.parametrize("entropy", ["none", "metric", "loss"])
+def test_kept_logits_give_the_recomputed_gradients(autocast: bool, entropy: str) -> None:
+    """Every chunk kept, two of five kept (the rest recomputed) and none: the same
+    log-probs, entropies and gradients of hidden, weight and bias (fp32; bf16 autocast, whose
+    matmuls run in bf16). A kept chunk is the tensor a recompute makes: seen equal bit for
+    bit; the bound allows one rounding."""
+    results = []
+    for saved in (0, 2 * CHUNK_LOGITS_BYTES, 10**9):
+        hidden, head, targets, upstream = _head_case()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            log_probs, entropies = token_log_probs.token_log_probs(
+                hidden, head, targets, TEMPERATURE, "chunked", with_entropy=entropy != "none",
+                entropy_grad=entropy == "loss", chunk_tokens=CHUNK, saved_logits_bytes=saved)
+        loss = (log_probs * upstream).sum()
+        if entropies is not None and entropy == "loss":
+            loss = loss + (entropies * upstream.flip(0)).sum()
+        loss.backward()
+        results.append([log_probs.detach(), hidden.grad, head.weight.grad, head.bias.grad,
+                        *([] if entropies is None else [entropies.detach()])])
+    for kept in results[1:]:
+        for expected, got in zip(results[0], kept, strict=True):
+            assert got is not None and expected is not None
+            assert float((expected - got).abs().max()) <= 1e-6 * float(expected.abs().max())
+
+
+def test_the_forward_keeps_chunks_up_to_the_budget_and_only_for_a_backward() -> None:
+    hidden, head, targets, _ = _head_case()
+    for saved, chunks in ((0, 0), (CHUNK_LOGITS_BYTES - 1, 0), (2 * CHUNK_LOGITS_BYTES + 5, 2),
+                          (10**9, 5)):
+        log_probs, _ = token_log_probs.token_log_probs(
+            hidden, head, targets, 1.0, "chunked", chunk_tokens=CHUNK,
+            saved_logits_bytes=saved)
+        kept = log_probs.grad_fn.kept_logits  # type: ignore[union-attr]  # the function's ctx
+        assert len(kept) == chunks
+        assert all(t.shape == (CHUNK, 300) and t.dtype == torch.float32 for t in kept)
+    with torch.no_grad():  # no backward: nothing is held while the forward runs
+        calls: list[int] = []
+        original = _ChunkedLogProbs.apply
+
+        def spy(*args: Any) -> Any:
+            calls.append(args[-1])
+            return original(*args)
+
+        _ChunkedLogProbs.apply = spy  # type: ignore[method-assign]
+        try:
+            token_log_probs.token_log_probs(hidden, head, targets, 1.0, "chunked",
+                                            chunk_tokens=CHUNK, saved_logits_bytes=10**9)
+        finally:
+            _ChunkedLogProbs.apply = original  # type: ignore[method-assign]
+    assert calls == [0]
+
+
+def test_a_second_backward_recomputes_what_the_first_used() -> None:
+    """The kept logits are overwritten by the backward that uses them: a second one through
+    the same graph (retain_graph) recomputes and gets the same gradients."""
+    hidden, head, targets, upstream = _head_case()
+    log_probs, entropy = token_log_probs.token_log_probs(
+        hidden, head, targets, TEMPERATURE, "chunked", with_entropy=True,
+        chunk_tokens=CHUNK, saved_logits_bytes=10**9)
+    assert entropy is not None
+    loss = (log_probs * upstream).sum() + entropy.sum()
+    first = torch.autograd.grad(loss, [hidden, head.weight], retain_graph=True)
+    second = torch.autograd.grad(loss, [hidden, head.weight])
+    for a, b in zip(first, second, strict=True):
+        assert float((a - b).abs().max()) <= 1e-6 * float(a.abs().max())
+
+
+def test_a_negative_budget_is_refused() -> None:
+    hidden, head, targets, _ = _head_case()
+    with pytest.raises(ConfigError, match="saved_logits_bytes must be >= 0"):
+        token_log_probs.token_log_probs(hidden, head, targets, 1.0, "chunked",
+                                        saved_logits_bytes=-1)
+    with pytest.raises(ConfigError, match="log_prob_saved_logits_mb must be >= 0"):
+        load_job_config(data={"actor_rollout_ref": {"model": {
+            "log_prob_saved_logits_mb": -1}}})
 
 
 @pytest.fixture(scope="module")

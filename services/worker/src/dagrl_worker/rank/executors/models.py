@@ -31,11 +31,13 @@ def critic_micro_batching(critic: CriticConfig) -> MicroBatching:
 
 def actor_update(config: JobConfig) -> ActorUpdate:
     """The policy update's settings: `actor`, `algorithm.rollout_correction`, the rollout's
-    temperature, `model.use_remove_padding` and `model.log_prob_impl`."""
+    temperature, `model.use_remove_padding`, `model.log_prob_impl` and
+    `model.log_prob_saved_logits_mb`."""
     policy = config.actor_rollout_ref
     return ActorUpdate(policy.actor, config.algorithm.rollout_correction,
                        policy.rollout.temperature, policy.model.use_remove_padding,
-                       policy.model.log_prob_impl)
+                       policy.model.log_prob_impl,
+                       policy.model.log_prob_saved_logits_mb * 2**20)
 
 
 def actor_plan(config: JobConfig) -> MiniBatchPlan:

@@ -51,6 +51,7 @@ from dagrl.errors import ConfigError
 from dagrl_worker.rank.training import lora
 from dagrl_worker.rank.training.token_log_probs import (
     LOG_PROB_IMPLS,
+    SAVED_LOGITS_BYTES,
     LogProbImpl,
     LogProbSetting,
     token_log_probs,
@@ -208,7 +209,8 @@ def response_logits(module: torch.nn.Module, batch: Batch, temperature: float,
 def response_log_probs(module: torch.nn.Module, batch: Batch, temperature: float,
                        with_entropy: bool = False, remove_padding: bool = False,
                        entropy_grad: bool = True, log_prob_impl: LogProbSetting = "logits",
-                       chunk_tokens: int | None = None
+                       chunk_tokens: int | None = None,
+                       saved_logits_bytes: int = SAVED_LOGITS_BYTES
                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log-prob of each response token [B, R], entropy [B, R] or None).
 
@@ -216,7 +218,8 @@ def response_log_probs(module: torch.nn.Module, batch: Batch, temperature: float
     loss coefficient is 0): its full-vocabulary softmax is freed at once instead of being
     kept for a backward that would multiply it by zero. `log_prob_impl`: "logits" (all of
     them, [B, R, V] fp32), "chunked" or "liger" (`training.token_log_probs`; `chunk_tokens`
-    per chunk of "chunked")."""
+    per chunk of "chunked", whose backward reuses up to `saved_logits_bytes` of the
+    forward's logits)."""
     if log_prob_impl == "auto":
         raise ConfigError("log_prob_impl 'auto' reached a forward pass: it is decided per rank "
                           "(dagrl_worker.rank.device.for_device) before any model runs")
@@ -226,7 +229,7 @@ def response_log_probs(module: torch.nn.Module, batch: Batch, temperature: float
     if log_prob_impl != "logits":
         return _head_log_probs(module, batch, temperature, remove_padding,
                                _HeadOptions(log_prob_impl, with_entropy, entropy_grad,
-                                            chunk_tokens))
+                                            chunk_tokens, saved_logits_bytes))
     logits = response_logits(module, batch, temperature, remove_padding)  # [B, R, V]
     responses = batch.tensors[fields.RESPONSES]  # [B, R]
     log_probs = log_probs_from_logits(logits, responses)  # [B, R]
@@ -244,6 +247,7 @@ class _HeadOptions:
     with_entropy: bool
     entropy_grad: bool
     chunk_tokens: int | None
+    saved_logits_bytes: int
 
 
 def _head_log_probs(module: torch.nn.Module, batch: Batch, temperature: float,
@@ -261,7 +265,7 @@ def _head_log_probs(module: torch.nn.Module, batch: Batch, temperature: float,
         flat = hidden.reshape(-1, hidden.shape[-1]).index_select(0, inputs.predicting)
         log_probs, entropy = token_log_probs(
             flat, head, targets, temperature, options.impl, options.with_entropy,
-            options.entropy_grad, options.chunk_tokens)
+            options.entropy_grad, options.chunk_tokens, options.saved_logits_bytes)
         return torch.stack([log_probs] if entropy is None else [log_probs, entropy], dim=1)
 
     with _forward_replaced(head, log_probs_head):

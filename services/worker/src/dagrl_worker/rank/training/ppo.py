@@ -46,7 +46,7 @@ from dagrl_worker.rank.training.engine import TrainEngine
 from dagrl_worker.rank.training.finite import check_finite
 from dagrl_worker.rank.training.model_outputs import response_log_probs, response_values
 from dagrl_worker.rank.training.token_budget import MicroBatching, masked_out_row
-from dagrl_worker.rank.training.token_log_probs import LogProbSetting
+from dagrl_worker.rank.training.token_log_probs import SAVED_LOGITS_BYTES, LogProbSetting
 from dagrl_worker.shared.metrics import MetricSink, Reduce
 
 
@@ -191,6 +191,7 @@ class ActorUpdate:
     temperature: float
     remove_padding: bool = False  # model.use_remove_padding
     log_prob_impl: LogProbSetting = "logits"  # model.log_prob_impl
+    saved_logits_bytes: int = SAVED_LOGITS_BYTES  # model.log_prob_saved_logits_mb
 
 
 def record_mismatch(actor_log_probs: torch.Tensor, batch: Batch, sink: MetricSink) -> None:
@@ -251,6 +252,7 @@ def update_actor(engine: TrainEngine, rows: Batch, update: ActorUpdate, plan: Mi
                                                    with_entropy=True,
                                                    remove_padding=update.remove_padding,
                                                    log_prob_impl=update.log_prob_impl,
+                                                   saved_logits_bytes=update.saved_logits_bytes,
                                                    entropy_grad=config.entropy_coeff != 0)
         if measure_gap and engine.steps_taken == steps_before:
             record_mismatch(log_prob.detach(), batch, sink)

@@ -12,6 +12,13 @@ backward (the fused linear cross-entropy of Liger-Kernel, Hsu et al. 2024, and o
 al. 2024, "Cut Your Losses in Large-Vocabulary Language Models", made per token: the upstream
 gradient of each token's log-prob and entropy is arbitrary, not a mean loss's).
 
+Where memory allows, that price is not paid: the forward keeps its first chunks' scaled,
+max-shifted logits for the backward, up to `saved_logits_bytes` (`model.
+log_prob_saved_logits_mb`), and the backward recomputes only the chunks beyond. A kept chunk
+is the very tensor a recompute would produce (the same operations on the same operands), so
+the gradients do not change; on a CPU the head's matmul is a third of the backward's work
+(bench/update_switches.py `head_recomputed`).
+
 Numerics follow the plain path: the matmul in the autocast dtype when autocast is on (else in
 the inputs' dtype: bf16 under FSDP2's mixed precision), then fp32, divided by the temperature,
 and the log-softmax and entropy in fp32 on logits shifted by their max. d log p(y)/dz =
@@ -47,18 +54,26 @@ LIGER_MIN_VERSION = Version("0.8.5")
 # 151,936); the backward holds about three such buffers at once. Smaller chunks cost more
 # on CPU: each adds one [V, H] accumulation of the head's gradient.
 CHUNK_BYTES = 256 * 2**20
+# the forward's logits kept for the backward (`model.log_prob_saved_logits_mb`'s default):
+# a SmolLM2 micro-batch of 32 rows x 32 response tokens is 201 MB of them
+SAVED_LOGITS_BYTES = 512 * 2**20
 
 
 def token_log_probs(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor,
                     temperature: float, impl: LogProbImpl = "chunked",
                     with_entropy: bool = False, entropy_grad: bool = True,
-                    chunk_tokens: int | None = None
+                    chunk_tokens: int | None = None,
+                    saved_logits_bytes: int = SAVED_LOGITS_BYTES
                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log p(target) [N], entropy [N] or None), fp32, for hidden [N, H] through `head`
-    (logits = head(hidden) / temperature), never holding [N, V] logits.
+    (logits = head(hidden) / temperature), holding [N, V] logits only as far as
+    `saved_logits_bytes` lets the backward skip recomputing them (0: never).
 
     `entropy_grad: False` returns an entropy without a graph (a metric). `chunk_tokens`: the
     tokens per chunk; None sizes chunks to `CHUNK_BYTES` of fp32 logits."""
+    if saved_logits_bytes < 0:
+        raise ConfigError(f"saved_logits_bytes must be >= 0 (0: recompute every chunk in "
+                          f"the backward), got {saved_logits_bytes}")
     weight, bias = head.weight, head.bias
     chunk = chunk_tokens or max(1, CHUNK_BYTES // (4 * weight.shape[0]))
     if impl == "liger" and not (with_entropy and entropy_grad):
@@ -66,24 +81,26 @@ def token_log_probs(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.
         if not with_entropy:
             return log_probs, None
         with torch.no_grad():
-            _, entropy = _chunked(hidden, weight, bias, targets, temperature, chunk, True)
+            _, entropy = _chunked(hidden, weight, bias, targets, temperature, chunk, True, 0)
         return log_probs, entropy
     if impl not in ("chunked", "liger"):
         raise ConfigError(f"log_prob_impl {impl!r} does not run through token_log_probs: "
                           "use 'chunked' or 'liger' (or 'logits' in training.model_outputs)")
     log_probs, entropy = _chunked(hidden, weight, bias, targets, temperature, chunk,
-                                  with_entropy)
+                                  with_entropy, saved_logits_bytes)
     if entropy is not None and not entropy_grad:
         entropy = entropy.detach()
     return log_probs, entropy
 
 
 def _chunked(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-             targets: torch.Tensor, temperature: float, chunk: int,
-             with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+             targets: torch.Tensor, temperature: float, chunk: int, with_entropy: bool,
+             saved_logits_bytes: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     dtype = _compute_dtype(hidden, weight)
+    backward_follows = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (hidden, weight, bias))
     out = _ChunkedLogProbs.apply(hidden, weight, bias, targets, temperature, chunk, dtype,
-                                 with_entropy)
+                                 with_entropy, saved_logits_bytes if backward_follows else 0)
     return (out[0], out[1]) if with_entropy else (out, None)
 
 
@@ -108,15 +125,17 @@ def _scaled_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 
 class _ChunkedLogProbs(torch.autograd.Function):
     """hidden [N, H], weight [V, H], bias [V] | None, targets [N] -> log-probs [N]
-    (and entropies [N]), a chunk of tokens at a time in forward and backward alike."""
+    (and entropies [N]), a chunk of tokens at a time in forward and backward alike; the
+    first chunks' scaled logits kept for the backward up to `saved_bytes`."""
 
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor,
                 bias: torch.Tensor | None, targets: torch.Tensor, temperature: float,
-                chunk: int, dtype: torch.dtype, with_entropy: bool) -> Any:
+                chunk: int, dtype: torch.dtype, with_entropy: bool, saved_bytes: int) -> Any:
         ctx.temperature, ctx.chunk, ctx.dtype, ctx.with_entropy = (temperature, chunk, dtype,
                                                                    with_entropy)
         ctx.set_materialize_grads(False)
+        ctx.kept_logits = []  # [c, V] each: the first chunks', in order
         log_probs = hidden.new_empty(hidden.shape[0],
                                      dtype=torch.promote_types(dtype, torch.float32))  # [N]
         entropy = torch.empty_like(log_probs) if with_entropy else None  # [N]
@@ -131,6 +150,10 @@ class _ChunkedLogProbs(torch.autograd.Function):
                 log_probs[part] = shifted.gather(1, targets[part, None]).squeeze(1) - lse
                 if entropy is not None:  # H = lse - sum p z
                     entropy[part] = lse - exp.mul_(shifted).sum(dim=-1) / total
+                size = shifted.numel() * shifted.element_size()
+                if size <= saved_bytes and len(ctx.kept_logits) == start // chunk:
+                    ctx.kept_logits.append(shifted)
+                    saved_bytes -= size
         ctx.save_for_backward(hidden, weight, bias, targets, entropy)
         return (log_probs, entropy) if entropy is not None else log_probs
 
@@ -140,7 +163,10 @@ class _ChunkedLogProbs(torch.autograd.Function):
         upstream = _Upstream.of(grads[0], grads[1] if ctx.with_entropy else None, entropy,
                                 ctx.temperature)
         if upstream is None:
-            return None, None, None, None, None, None, None, None
+            return None, None, None, None, None, None, None, None, None
+        # each kept chunk serves one backward (its logits are overwritten): another one, as
+        # with retain_graph, recomputes them all
+        kept, ctx.kept_logits = ctx.kept_logits, []
         needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
         wide = torch.promote_types(ctx.dtype, torch.float32)
         grad_hidden = torch.zeros_like(hidden) if needs_hidden else None
@@ -151,7 +177,9 @@ class _ChunkedLogProbs(torch.autograd.Function):
             for start in range(0, hidden.shape[0], ctx.chunk):
                 part = slice(start, start + ctx.chunk)
                 h = hidden[part].to(ctx.dtype)  # [c, H]
-                shifted = _scaled_logits(h, w, b, ctx.temperature)  # [c, V]
+                index = start // ctx.chunk
+                shifted = (kept[index] if index < len(kept)
+                           else _scaled_logits(h, w, b, ctx.temperature))  # [c, V]
                 dz = upstream.logits_grad(shifted, targets[part], part).to(ctx.dtype)
                 if grad_hidden is not None:
                     grad_hidden[part] = dz @ w
@@ -161,7 +189,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
                     grad_bias.add_(dz.sum(dim=0))
         return (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype),
                 None if grad_bias is None else grad_bias.to(bias.dtype),
-                None, None, None, None, None)
+                None, None, None, None, None, None)
 
 
 @dataclass(frozen=True)
