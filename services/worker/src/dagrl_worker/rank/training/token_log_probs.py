@@ -16,8 +16,10 @@ Where memory allows, that price is not paid: the forward keeps its first chunks'
 max-shifted logits for the backward, up to `saved_logits_bytes` (`model.
 log_prob_saved_logits_mb`), and the backward recomputes only the chunks beyond. A kept chunk
 is the very tensor a recompute would produce (the same operations on the same operands), so
-the gradients do not change; on a CPU the head's matmul is a third of the backward's work
-(bench/update_switches.py `head_recomputed`).
+the gradients do not change. The recompute is one of the head backward's three matmuls: a
+SmolLM2 fp32 update is 1.06x faster without it in one process (bench/update_switches.py
+`head_recomputed`) and 1.01-1.12x in two runs of the job (bench/step_profile.py
+`--head-recomputed`).
 
 Numerics follow the plain path: the matmul in the autocast dtype when autocast is on (else in
 the inputs' dtype: bf16 under FSDP2's mixed precision), then fp32, divided by the temperature,
