@@ -25,11 +25,15 @@ from dagrl.config import ModelConfig, OptimConfig, load_job_config
 from dagrl.errors import ConfigError
 from dagrl.models import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from dagrl_worker.rank.device import Precision
+from dagrl_worker.rank.executors.models import actor_update
 from dagrl_worker.rank.training import lora, token_log_probs
 from dagrl_worker.rank.training.engine import EngineOptions, TrainEngine
 from dagrl_worker.rank.training.model_outputs import response_log_probs
 from dagrl_worker.rank.training.parallel import DataParallel
+from dagrl_worker.rank.training.ppo import MiniBatchPlan, update_actor
+from dagrl_worker.rank.training.token_budget import MicroBatching
 from dagrl_worker.rank.training.token_log_probs import _ChunkedLogProbs
+from dagrl_worker.shared.metrics import MetricSink
 
 from .test_token_budget import uneven_batch
 
@@ -427,3 +431,41 @@ def _to_cpu(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: v.cpu() for k, v in value.items()}
     return value.cpu()
+
+
+@pytest.mark.parametrize("megabytes", [0, 512])
+def test_the_job_option_sets_what_the_update_keeps_and_changes_no_parameter(
+        tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch, megabytes: int) -> None:
+    """`model.log_prob_saved_logits_mb` reaches the update's chunked forward (its budget in
+    bytes, the chunks it kept), and the step's parameters are those of recomputing."""
+    kept: list[tuple[int, int]] = []  # (budget, chunks kept) of each chunked forward
+    original = _ChunkedLogProbs.apply
+
+    def spy(*args: Any) -> Any:
+        out = original(*args)
+        kept.append((args[-1], len(out[0].grad_fn.kept_logits)))
+        return out
+
+    monkeypatch.setattr(_ChunkedLogProbs, "apply", spy)
+    parameters = {}
+    for setting in (0, megabytes):
+        config = load_job_config(overrides=[
+            "actor_rollout_ref.model.log_prob_impl=chunked",
+            f"actor_rollout_ref.model.log_prob_saved_logits_mb={setting}"])
+        update = actor_update(config)
+        model, rows = uneven_batch(tiny_checkpoint)
+        rows = rows.with_fields(tensors={
+            "old_log_probs": torch.zeros_like(rows.tensors[fields.RESPONSE_MASK].float()),
+            "advantages": torch.linspace(-1, 1, len(rows))[:, None]
+            * rows.tensors[fields.RESPONSE_MASK]})
+        update = dataclasses.replace(update, actor=dataclasses.replace(
+            update.actor, use_kl_loss=False, ppo_mini_batch_size=len(rows)))
+        engine = TrainEngine(model, OptimConfig(lr=1e-3), 2, DataParallel())
+        kept.clear()
+        update_actor(engine, rows, update, MiniBatchPlan(1, MicroBatching(len(rows)), 1),
+                     MetricSink())
+        assert [budget for budget, _ in kept] == [setting * 2**20]
+        assert (kept[0][1] > 0) is (setting > 0)
+        parameters[setting] = [p.detach().clone() for p in model.parameters()]
+    for recomputed, saved in zip(parameters[0], parameters[megabytes], strict=True):
+        assert torch.equal(recomputed, saved)
