@@ -110,27 +110,45 @@ def cuda_without_gpu(setting: str, facts: DeviceFacts) -> str | None:
 
 
 def kernel_problems(config: JobConfig, on_gpu: bool, facts: DeviceFacts) -> list[str]:
-    """GPU-only kernels: refused on CPU, and on a GPU without their package (when known)."""
-    model = config.actor_rollout_ref.model
+    """GPU-only kernels, of the policy's model and the critic's: refused on CPU, and on a GPU
+    without their package (when known) or with a float32 compute flash-attn cannot run."""
+    policy = config.actor_rollout_ref
+    models = {"actor_rollout_ref.model": (policy.model, {
+                  "actor_rollout_ref.actor.fsdp_config": policy.actor.fsdp_config,
+                  "actor_rollout_ref.ref.fsdp_config": policy.ref.fsdp_config}),
+              "critic.model": (config.critic.model,
+                               {"critic.fsdp_config": config.critic.fsdp_config})}
     problems = []
-    if model.attn_implementation == "flash_attention_2":
-        if not on_gpu:
-            problems.append("actor_rollout_ref.model.attn_implementation is flash_attention_2, "
-                            "a GPU kernel; on CPU use auto (the default: eager), eager or sdpa")
-        elif facts.has_flash_attn is False:
-            problems.append("actor_rollout_ref.model.attn_implementation is flash_attention_2, "
-                            f"but the flash-attn package is not installed on {facts.where}; "
-                            "install it (pip install flash-attn) or use sdpa")
-    if model.log_prob_impl == "liger":
-        if not on_gpu:
-            problems.append("actor_rollout_ref.model.log_prob_impl is liger, liger-kernel's "
-                            "GPU kernels; on CPU use chunked (no [tokens x vocab] tensor) or "
-                            "logits")
-        elif facts.has_liger_kernel is False:
-            problems.append("actor_rollout_ref.model.log_prob_impl is liger, but liger-kernel "
-                            f"is not installed on {facts.where}; install it (pip install "
-                            "liger-kernel) or use chunked")
+    for key, (model, computes) in models.items():
+        if model.attn_implementation == "flash_attention_2":
+            setting = f"{key}.attn_implementation is flash_attention_2"
+            problems += _gpu_kernel_problems(setting, on_gpu, facts.has_flash_attn,
+                                             "flash-attn", facts.where,
+                                             "auto (the default: eager), eager or sdpa", "sdpa")
+            if on_gpu and model.dtype == "float32":
+                problems += [f"{setting}, which runs in bfloat16 or float16 only, but "
+                             f"{key}.dtype is float32 and {section}.mixed_precision.param_dtype "
+                             "is float32: set that param_dtype to bfloat16 (auto is bfloat16 "
+                             "on a GPU) or use sdpa"
+                             for section, fsdp in computes.items()
+                             if fsdp.mixed_precision.param_dtype == "float32"]
+        if model.log_prob_impl == "liger":
+            problems += _gpu_kernel_problems(
+                f"{key}.log_prob_impl is liger", on_gpu, facts.has_liger_kernel,
+                "liger-kernel", facts.where, "chunked (no [tokens x vocab] tensor) or logits",
+                "chunked")
     return problems
+
+
+def _gpu_kernel_problems(setting: str, on_gpu: bool, installed: bool | None, package: str,
+                         where: str, cpu_instead: str, gpu_instead: str) -> list[str]:
+    """A GPU kernel's setting: refused on CPU, and where its package is known missing."""
+    if not on_gpu:
+        return [f"{setting}, a GPU kernel ({package}); on CPU use {cpu_instead}"]
+    if installed is False:
+        return [f"{setting}, but the {package} package is not installed on {where}; install "
+                f"it (pip install {package}) or use {gpu_instead}"]
+    return []
 
 
 def offload_problems(config: JobConfig) -> list[str]:

@@ -69,6 +69,51 @@ def test_gpu_kernels_and_offload_are_refused_on_cpu_and_packages_checked_where_k
     assert device_problems(config, CLUSTER_GPUS) == []  # the scheduler cannot tell
 
 
+def test_flash_attention_on_a_gpu_needs_the_policy_to_compute_in_half_precision() -> None:
+    """flash-attn takes bfloat16 or float16 only: float32 weights with mixed precision off
+    fail at the first attention; auto (bfloat16 on a GPU) or bfloat16 weights run."""
+    flash = "actor_rollout_ref.model.attn_implementation=flash_attention_2"
+    assert device_problems(job(flash), CLUSTER_GPUS) == []  # param_dtype auto: bfloat16
+    off = "fsdp_config.mixed_precision.param_dtype=float32"
+    problems = device_problems(job(flash, f"actor_rollout_ref.actor.{off}"), CLUSTER_GPUS)
+    assert problems == [
+        "actor_rollout_ref.model.attn_implementation is flash_attention_2, which runs in "
+        "bfloat16 or float16 only, but actor_rollout_ref.model.dtype is float32 and "
+        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype is float32: set that "
+        "param_dtype to bfloat16 (auto is bfloat16 on a GPU) or use sdpa"]
+    both = device_problems(job(flash, f"actor_rollout_ref.actor.{off}",
+                               f"actor_rollout_ref.ref.{off}"), CLUSTER_GPUS)
+    assert [p.split("and ")[1].split(" is")[0] for p in both] == [
+        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype",
+        "actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype"]
+    assert device_problems(job(flash, f"actor_rollout_ref.actor.{off}",
+                               "actor_rollout_ref.model.dtype=bfloat16"), CLUSTER_GPUS) == []
+    # on CPU flash-attn is refused as a GPU kernel, once
+    assert len(device_problems(job(flash, f"actor_rollout_ref.actor.{off}"), NO_GPU)) == 1
+
+
+def test_the_critics_kernels_are_checked_as_the_policys() -> None:
+    critic = job("critic.model.attn_implementation=flash_attention_2",
+                 "critic.model.log_prob_impl=liger")
+    assert device_problems(critic, NO_GPU) == [
+        "critic.model.attn_implementation is flash_attention_2, a GPU kernel (flash-attn); on "
+        "CPU use auto (the default: eager), eager or sdpa",
+        "critic.model.log_prob_impl is liger, a GPU kernel (liger-kernel); on CPU use chunked "
+        "(no [tokens x vocab] tensor) or logits"]
+    assert device_problems(critic, ONE_GPU) == [
+        "critic.model.attn_implementation is flash_attention_2, but the flash-attn package is "
+        "not installed on this machine; install it (pip install flash-attn) or use sdpa",
+        "critic.model.log_prob_impl is liger, but the liger-kernel package is not installed on "
+        "this machine; install it (pip install liger-kernel) or use chunked"]
+    fp32 = job("critic.model.attn_implementation=flash_attention_2",
+               "critic.fsdp_config.mixed_precision.param_dtype=float32")
+    assert device_problems(fp32, CLUSTER_GPUS) == [
+        "critic.model.attn_implementation is flash_attention_2, which runs in bfloat16 or "
+        "float16 only, but critic.model.dtype is float32 and "
+        "critic.fsdp_config.mixed_precision.param_dtype is float32: set that param_dtype to "
+        "bfloat16 (auto is bfloat16 on a GPU) or use sdpa"]
+
+
 def test_this_machines_facts_are_what_torch_sees() -> None:
     import torch
 

@@ -10,6 +10,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.multiprocessing as mp
 
 
@@ -23,3 +24,15 @@ def run_ranks(rank_fn: Callable[..., None], nprocs: int, *args: Any) -> dict[int
     mp.start_processes(rank_fn, args=(port, *args, results), nprocs=nprocs,
                        start_method="spawn")
     return dict(results)
+
+
+def tiny_causal_lm() -> torch.nn.Module:
+    """A two-layer Qwen2 of random weights (seed 0: the same in every rank and the test), for
+    the ranks to shard and train."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(vocab_size=64, hidden_size=32, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                         max_position_embeddings=64)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)

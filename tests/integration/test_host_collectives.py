@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from tests.integration.nccl_imitation import backend_devices, imitate_nccl
-from tests.integration.spawned_ranks import run_ranks
+from tests.integration.spawned_ranks import run_ranks, tiny_causal_lm
 
 
 def _rows(count: int, seed: int) -> Any:
@@ -33,16 +33,6 @@ def _rows(count: int, seed: int) -> Any:
         "response_mask": torch.ones(count, 8, dtype=torch.long),
         "advantages": torch.randn(count, 8, generator=generator),
         "old_log_probs": torch.zeros(count, 8)})
-
-
-def _tiny_module() -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
-    config = Qwen2Config(vocab_size=64, hidden_size=32, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-                         max_position_embeddings=64)
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
 def _rank(rank: int, port: int, results: dict) -> None:
@@ -67,7 +57,7 @@ def _rank(rank: int, port: int, results: dict) -> None:
     try:
         dp = groups.dp_for("actor_train")
         outcome: dict[str, Any] = {"sum": dp.sum(1.0 + rank, 2.0), "max": dp.max_int(rank + 3)}
-        engine = TrainEngine(_tiny_module(), OptimConfig(lr=1e-3), 10, dp, EngineOptions("fsdp"))
+        engine = TrainEngine(tiny_causal_lm(), OptimConfig(lr=1e-3), 10, dp, EngineOptions("fsdp"))
         before = [p.full_tensor().clone() for p in engine.module.parameters()]
         update = ActorUpdate(ActorConfig(use_kl_loss=False), RolloutCorrectionConfig(), 1.0)
         # rank 0: 2 micro-batches, rank 1: 1 (it pads with a masked-out row)
@@ -78,7 +68,7 @@ def _rank(rank: int, port: int, results: dict) -> None:
         log_probs = compute_log_probs(forward_module(engine), rows, MicroBatching(2), 1.0)
         outcome["log_probs_finite"] = bool(torch.isfinite(log_probs).all())
         try:  # DDP would leave its gradient buckets on the GPU: refused
-            TrainEngine(_tiny_module(), OptimConfig(), 10, dp,
+            TrainEngine(tiny_causal_lm(), OptimConfig(), 10, dp,
                         EngineOptions("ddp", param_offload=True))
             outcome["ddp_offload"] = "accepted"
         except ConfigError as error:

@@ -18,6 +18,7 @@ import yaml
 from dagrl.config import ActorConfig, OptimConfig, RolloutCorrectionConfig, load_job_config
 from dagrl.errors import ConfigError
 from dagrl.models import load_model_and_tokenizer
+from dagrl.tokenizing import load_tokenizer
 from dagrl.workflow import load_workflow
 from dagrl_worker.rank.builder import build_agent_models, build_rollout
 from dagrl_worker.rank.device import Precision, RankDevice, device_problems, rank_device, wants_gpu
@@ -110,6 +111,28 @@ def test_every_model_lives_on_the_rank_device(tiny_checkpoint: Path, rm_checkpoi
         devices = {p.device.type for p in module.parameters()}
         assert devices == {"meta"}, f"{name} on {devices}"
     assert models.actor.device == META.device
+
+
+@pytest.mark.parametrize("param_dtype", ["float32", "bfloat16"])
+def test_an_hf_rollouts_own_module_generates_in_the_actors_precision(
+        tiny_checkpoint: Path, tmp_path: Path, param_dtype: str) -> None:
+    """The rollout's own module (the actor sharded, or on other ranks) runs under the actor's
+    mixed precision, as the actor's shared module does: on a GPU, flash-attn takes no fp32."""
+    config = _config(tiny_checkpoint, tmp_path, "grpo")
+    policy = config.actor_rollout_ref
+    fsdp = policy.actor.fsdp_config
+    fsdp = dataclasses.replace(fsdp, mixed_precision=dataclasses.replace(
+        fsdp.mixed_precision, param_dtype=param_dtype))
+    config = dataclasses.replace(config, actor_rollout_ref=dataclasses.replace(
+        policy, actor=dataclasses.replace(policy.actor, fsdp_config=fsdp)))
+    rollout = build_rollout(str(tiny_checkpoint), config, load_tokenizer(str(tiny_checkpoint)),
+                            None, rank_device("cpu"))
+    assert isinstance(rollout, HFRollout) and not rollout.shares_actor_weights
+    with rollout.compute():
+        inside = (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))
+    assert inside[0] == (param_dtype == "bfloat16")
+    if inside[0]:
+        assert inside[1] == torch.bfloat16
 
 
 def test_settings_that_mean_nothing_on_cpu_are_refused(tiny_checkpoint: Path,

@@ -25,6 +25,29 @@ def test_adam_step_counts_stay_on_the_host_when_its_moments_move() -> None:
         assert state["exp_avg_sq"].device.type == "meta"
 
 
+def test_moments_moved_to_the_host_are_copied_blocking(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A non-blocking copy from the GPU returns before its bytes land in host memory: the
+    offloaded moments must be there before a checkpoint reads them."""
+    layer = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(layer.parameters(), lr=0.1)
+    layer(torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+    copies: list[tuple[str, bool]] = []
+    to = torch.Tensor.to
+
+    def recorded(self: torch.Tensor, device: torch.device, non_blocking: bool = False
+                 ) -> torch.Tensor:
+        copies.append((torch.device(device).type, non_blocking))
+        if self.is_meta:  # no bytes to copy back: a host tensor of its shape
+            return torch.zeros(self.shape, dtype=self.dtype)
+        return to(self, device, non_blocking=non_blocking)
+
+    monkeypatch.setattr(torch.Tensor, "to", recorded)
+    _move_optimizer_state(optimizer, torch.device("meta"))  # to a device: overlapped
+    _move_optimizer_state(optimizer, torch.device("cpu"))  # back to the host: blocking
+    assert copies == [("meta", True)] * 4 + [("cpu", False)] * 4
+
+
 def test_a_forward_only_pass_copies_its_outputs_to_the_host_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
     ids = torch.arange(24).reshape(6, 4)  # [B, T]

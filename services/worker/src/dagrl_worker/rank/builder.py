@@ -11,6 +11,7 @@ gets, with which settings, is `executors/table.py`'s.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -283,8 +284,9 @@ def build_rollout(weights: str, config: JobConfig, tokenizer: PreTrainedTokenize
     a sleeping vLLM engine may then drop them).
 
     `hf` generates with the actor's own module when this rank holds all of it (DDP or one
-    rank), else with a module of its own; `vllm` always runs an engine of its own. Weight
-    sync refreshes whatever does not share the actor's module.
+    rank), else with a module of its own, computing in the actor's precision (a GPU's
+    flash-attn takes no float32); `vllm` always runs an engine of its own. Weight sync
+    refreshes whatever does not share the actor's module.
     """
     config = for_device(config, device)
     rollout = config.actor_rollout_ref.rollout
@@ -302,7 +304,9 @@ def build_rollout(weights: str, config: JobConfig, tokenizer: PreTrainedTokenize
                          compute=actor.compute)
     module = _load_causal_lm(weights, policy, device.device)
     module.eval()
-    return HFRollout(module, tokenizer)
+    precision = Precision.of(config.actor_rollout_ref.actor.fsdp_config)
+    return HFRollout(module, tokenizer,
+                     compute=functools.partial(precision.autocast, device.device))
 
 
 def policy_specs(path: str, model: ModelConfig) -> list[TensorSpec]:

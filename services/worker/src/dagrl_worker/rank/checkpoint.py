@@ -224,10 +224,11 @@ class RankCheckpointer:
             for role, engine in (("actor", models.actor), ("critic", models.critic)):
                 if engine is None:
                     continue
-                full = engine.full_state_dict(on_every_rank=False)  # collective under FSDP
                 trainers = trainer_ranks(self.where.graph, self.where.plan, agent,
                                          NodeRole(role.upper()))
-                if self.rank == min(trainers, default=-1):
+                writer = self.rank == min(trainers, default=-1)
+                full = engine.full_state_dict(keep=writer)  # collective under FSDP
+                if writer:
                     folder = tmp / f"agent{agent}" / role
                     save_trained_model(engine.inner, full, folder)
                     models.tokenizer.save_pretrained(str(folder))

@@ -27,7 +27,6 @@ from typing import Any, Literal
 import torch
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
-    get_model_state_dict,
     set_model_state_dict,
 )
 from torch.distributed.device_mesh import DeviceMesh
@@ -219,17 +218,21 @@ class TrainEngine:
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
-    def full_state_dict(self, on_every_rank: bool = True) -> dict[str, Any]:
-        """Every parameter, unsharded (collective under FSDP: call on every rank).
+    def full_state_dict(self, keep: bool = True) -> dict[str, Any]:
+        """Every tensor of the model unsharded, on the host (collective under FSDP: call on
+        every rank of the model's group).
 
-        With `on_every_rank=False` only rank 0 gets the tensors (offloaded to CPU), which is
-        all a checkpoint needs; weight sync needs them everywhere.
+        `keep=False` (the ranks that do not write a checkpoint): take part in the gathers and
+        keep nothing (`{}`). Each tensor is gathered in turn and dropped where it is not kept,
+        so no rank holds more than one unsharded tensor at a time. (torch's
+        `get_model_state_dict(cpu_offload=True)` keeps them on the world's rank 0 only: a
+        model sharded over ranks without it would have checkpointed nothing.)
         """
-        if isinstance(self.module, FSDPModule):
-            options = StateDictOptions(full_state_dict=True, cpu_offload=not on_every_rank)
-            state = get_model_state_dict(self.module, options=options)
-            return {k: v.detach().cpu() for k, v in state.items()}  # type: ignore[union-attr]
-        return {k: v.detach().cpu() for k, v in self.inner.state_dict().items()}
+        state: dict[str, Any] = {}
+        for name, tensor in self._unsharded_tensors():
+            if keep:
+                state[name] = tensor.cpu()
+        return state
 
     def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every tensor of the model unsharded, one at a time, on the model's device (weight
@@ -282,11 +285,16 @@ class TrainEngine:
 def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
     """The optimizer's per-parameter tensors (Adam's moments) to `device`. Scalar state (Adam's
     `step`) stays on the host, where torch's non-capturable Adam keeps it: on the GPU each
-    parameter's step would cost an `.item()`, a wait for the device, every optimizer step."""
+    parameter's step would cost an `.item()`, a wait for the device, every optimizer step.
+
+    To the device the copies overlap and one wait ends them; to the host each copy is
+    blocking: a non-blocking one from the GPU lands in pinned memory after the call returns,
+    and a checkpoint could read the moments before they arrive."""
+    to_device = device.type != HOST.type
     for state in optimizer.state.values():
         for key, value in state.items():
             if isinstance(value, torch.Tensor) and value.dim() > 0:
-                state[key] = value.to(device, non_blocking=True)
+                state[key] = value.to(device, non_blocking=to_device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
