@@ -22,6 +22,13 @@ from dagrl_worker.shared.spec import WorkerSpec
 # The estimator each built-in workflow is built for (`algorithm.adv_estimator`, its one home).
 ESTIMATORS = {"ppo": "gae", "rloo": "rloo", "reinforce_pp": "reinforce_plus_plus"}
 
+# a policy no node trains: it only generates (and is scored)
+FROZEN_POLICY = {"dag_id": "frozen", "nodes": [
+    {"node_id": "rollout", "node_type": "MODEL_INFERENCE", "node_role": "ROLLOUT",
+     "agent_group": 0},
+    {"node_id": "reward", "node_type": "COMPUTE", "node_role": "REWARD", "agent_group": 0,
+     "dependencies": ["rollout"]}]}
+
 
 def job_yaml(tiny_checkpoint: Path, data: Path, workflow: str, **trainer: object) -> str:
     config = {
@@ -410,3 +417,18 @@ def test_agents_whose_tokenizers_differ_are_refused(tiny_checkpoint: Path,
 
 def contains(tokens: list[int], part: list[int]) -> bool:
     return any(tokens[i:i + len(part)] == part for i in range(len(tokens) - len(part) + 1))
+
+
+def test_a_restart_resumes_a_job_whose_policy_no_node_trains(tiny_checkpoint: Path,
+                                                             tmp_path: Path) -> None:
+    """An agent whose actor is never trained has no weights in the checkpoint: a restart
+    loads its policy from the original checkpoint, as the first attempt did."""
+    workflow = tmp_path / "frozen.yaml"
+    workflow.write_text(yaml.safe_dump(FROZEN_POLICY))
+    first = make_worker(tiny_checkpoint, tmp_path, str(workflow), save_freq=1)
+    first.init_graph()
+    first.run_step(1)
+    first.save_checkpoint(1)
+    restarted = make_worker(tiny_checkpoint, tmp_path, str(workflow), save_freq=1)
+    assert restarted.init_graph(attempt=2)[0] == 2
+    restarted.run_step(2)

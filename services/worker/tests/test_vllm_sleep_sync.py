@@ -31,6 +31,8 @@ from dagrl_worker.rank.rollout.vllm_engine import VLLMRollout
 from dagrl_worker.rank.sync_topology import synced_each_step
 from dagrl_worker.shared.metrics import MetricSink
 
+from .test_dag_worker import FROZEN_POLICY
+
 TOKENIZER = build_char_tokenizer()
 GREEDY = SamplingParams(n=1, max_new_tokens=3, do_sample=False)
 
@@ -223,13 +225,6 @@ def test_the_rollout_executor_says_when_the_steps_sync_follows() -> None:
                           kl_controller=FixedKLController(0.0), validating=validating)
         executor.run(_prompts(), ctx)
     assert backend.sleeps == [True, False]
-
-
-FROZEN_POLICY = {"dag_id": "frozen", "nodes": [
-    {"node_id": "rollout", "node_type": "MODEL_INFERENCE", "node_role": "ROLLOUT",
-     "agent_group": 0},
-    {"node_id": "reward", "node_type": "COMPUTE", "node_role": "REWARD", "agent_group": 0,
-     "dependencies": ["rollout"]}]}
 
 
 @pytest.mark.parametrize(("workflow", "is_async", "synced"), [

@@ -61,11 +61,18 @@ def _load_causal_lm(path: str, model: ModelConfig, device: torch.device) -> Any:
     return module.to(device)  # type: ignore[arg-type]
 
 
-def _load_value_model(path: str, model: ModelConfig, device: torch.device) -> Any:
-    return AutoModelForTokenClassification.from_pretrained(
-        path, num_labels=1, dtype=getattr(torch, model.dtype),
-        trust_remote_code=model.trust_remote_code,
-        attn_implementation=model.attn_implementation, local_files_only=True).to(device)
+def _load_value_model(path: str, model: ModelConfig, device: torch.device, seed: int) -> Any:
+    """The critic's module: a one-label token classifier. A checkpoint without its head (the
+    policy's, as critics start) gets one drawn from the job's `seed` alone, so every rank that
+    loads it draws the same: the critic's trainers and its forward-only copies (ranks that
+    compute values but train no critic) agree before the first weight sync."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        module = AutoModelForTokenClassification.from_pretrained(
+            path, num_labels=1, dtype=getattr(torch, model.dtype),
+            trust_remote_code=model.trust_remote_code,
+            attn_implementation=model.attn_implementation, local_files_only=True)
+    return module.to(device)
 
 
 def _engine_options(fsdp: FSDPConfig, strategy: Strategy, device: RankDevice) -> EngineOptions:
@@ -87,6 +94,7 @@ class _Checkpoint:
     path: str
     model: ModelConfig
     value_head: bool = False
+    seed: int = 0  # a value head missing from the checkpoint is drawn from it
 
     def empty(self) -> Any:
         trust = self.model.trust_remote_code
@@ -99,8 +107,9 @@ class _Checkpoint:
                                 trust_remote_code=trust)
 
     def loaded(self) -> Any:
-        load = _load_value_model if self.value_head else _load_causal_lm
-        return load(self.path, self.model, HOST)
+        if self.value_head:
+            return _load_value_model(self.path, self.model, HOST, self.seed)
+        return _load_causal_lm(self.path, self.model, HOST)
 
 
 def _sharded_engine(checkpoint: _Checkpoint, optim: OptimConfig, total_steps: int,
@@ -210,11 +219,11 @@ def build_agent_models(graph: TaskGraph, my_nodes: set[str], agent_group: int,
         dp = _training_dp(nodes, NodeRole.CRITIC, dp_for)
         options = _engine_options(critic.fsdp_config, critic.strategy, device)
         if _is_sharded(options, dp):
-            models.critic = _sharded_engine(_Checkpoint(critic_path, critic.model, True),
-                                            critic.optim, total_steps, dp, options)
+            checkpoint = _Checkpoint(critic_path, critic.model, True, config.trainer.seed)
+            models.critic = _sharded_engine(checkpoint, critic.optim, total_steps, dp, options)
         else:
-            value_model = for_training(
-                _load_value_model(critic_path, critic.model, device.device), critic.model)
+            value_model = for_training(_load_value_model(
+                critic_path, critic.model, device.device, config.trainer.seed), critic.model)
             models.critic = TrainEngine(value_model, critic.optim, total_steps, dp, options)
     for node in sorted(nodes, key=lambda n: n.node_id):
         if node.node_type == NodeType.MODEL_INFERENCE and node.node_role == NodeRole.REWARD:

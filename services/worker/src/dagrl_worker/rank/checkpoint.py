@@ -147,6 +147,15 @@ def save_trained_model(module: Any, state: dict[str, torch.Tensor], folder: Path
     lora.save_adapter(module, lora.adapter_state(module, state), folder / lora.ADAPTER_FOLDER)
 
 
+def trained_policy(folder: Path, where: RankGraph, agent: int) -> str | None:
+    """The folder of `agent`'s trained policy in checkpoint `folder`; None where no rank
+    trains that agent's actor: none was written (`RankCheckpointer` writes what a trainer
+    holds), and its policy loads from its original checkpoint as in the first attempt."""
+    if not trainer_ranks(where.graph, where.plan, agent, NodeRole.ACTOR):
+        return None
+    return str(folder / f"agent{agent}" / "actor")
+
+
 def save_rank_state(folder: Path, rank: int, state: dict[str, Any]) -> None:
     torch.save(state, folder / f"rank{rank}.pt")
 

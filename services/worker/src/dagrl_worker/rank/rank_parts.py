@@ -21,7 +21,7 @@ from dagrl_databuffer.keys import attempt_namespace
 from dagrl_worker.rank.async_training.policy_versions import PolicyVersions
 from dagrl_worker.rank.async_training.sample_ledger import SampleLedger
 from dagrl_worker.rank.builder import build_agent_models, shared_tokenizer
-from dagrl_worker.rank.checkpoint import RankCheckpointer
+from dagrl_worker.rank.checkpoint import RankCheckpointer, trained_policy
 from dagrl_worker.rank.dataflow import EdgeRouter, ShardStore
 from dagrl_worker.rank.device import RankDevice
 from dagrl_worker.rank.executors.base import AgentModels, Executor
@@ -69,7 +69,7 @@ def build_parts(setup: RankSetup, models: dict[int, AgentModels], store: ShardSt
     prompts = PromptSource(config, shared_tokenizer(where.graph, config))
     total = total_training_steps(config, prompts.batches_per_epoch)
     for agent in sorted({where.graph[n].agent_group for n in where.order}):
-        weights = str(resume / f"agent{agent}" / "actor") if resume else None
+        weights = trained_policy(resume, where, agent) if resume else None
         models[agent] = build_agent_models(
             where.graph, set(where.order), agent, config, setup.groups.dp_for, total,
             policy_weights=weights, device=setup.device)
