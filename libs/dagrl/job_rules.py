@@ -276,7 +276,8 @@ def check_planned_job(config: JobConfig, graph: TaskGraph, layouts: Mapping[str,
     """`check_job` with the plan's rules, for a rank that runs `nodes` on a GPU or not: one
     ConfigError listing every problem."""
     problems = [*job_problems(config, graph), *redraw_problems(graph, layouts),
-                *model_parallel_problems(layouts, nodes, on_gpu=on_gpu)]
+                *model_parallel_problems(layouts, nodes, on_gpu=on_gpu),
+                *engine_tensor_parallel_problems(config, graph, layouts)]
     if problems:
         raise ConfigError(problems)
 
@@ -297,6 +298,40 @@ def redraw_problems(graph: TaskGraph, layouts: Mapping[str, PlannedLayout]) -> l
                 f"ranks {ranks} to redraw prompts, but the plan puts "
                 f"{', '.join(repr(a) for a in elsewhere)} on other ranks; keep them together "
                 "(workflow.agent_placement=colocate for a multi-agent workflow)")
+    return problems
+
+
+def engine_tensor_parallel_problems(config: JobConfig, graph: TaskGraph,
+                                    layouts: Mapping[str, PlannedLayout]) -> list[str]:
+    """vLLM's tensor-parallel engines over the ranks' world: vLLM groups the world's ranks in
+    consecutive blocks of `tensor_model_parallel_size` from rank 0 (the world's size a multiple
+    of it), and the ranks of one block serve one engine, so they must all be one rollout
+    node's ranks and draw the same prompts: the node's `tp_size` in the plan is the engine's."""
+    tp = config.actor_rollout_ref.rollout.tensor_model_parallel_size
+    if config.actor_rollout_ref.rollout.name != "vllm" or tp == 1 or not layouts:
+        return []
+    key = f"actor_rollout_ref.rollout.tensor_model_parallel_size is {tp}"
+    world = 1 + max(rank for layout in layouts.values() for rank in layout.ranks)
+    problems = []
+    if world % tp:
+        problems.append(f"{key}, but the plan's {world} ranks are not a multiple of it: vLLM "
+                        "groups every rank of the job in blocks of that size")
+    for node in graph.nodes:
+        if node.node_role != NodeRole.ROLLOUT or node.node_id not in layouts:
+            continue
+        layout = layouts[node.node_id]
+        if layout.tp_size != tp:
+            problems.append(f"{key}, but the plan gives rollout node {node.node_id!r} tp_size "
+                            f"{layout.tp_size}: the ranks of one engine must draw the same "
+                            f"prompts; set the node's tp_size to {tp} in its config")
+        ranks = sorted(layout.ranks)
+        blocks = {rank // tp for rank in ranks}
+        if ranks != [rank for block in sorted(blocks) for rank in range(block * tp,
+                                                                         (block + 1) * tp)]:
+            problems.append(f"{key}, but the plan puts rollout node {node.node_id!r} on ranks "
+                            f"{ranks}, which are not whole blocks of vLLM's (ranks {tp}k to "
+                            f"{tp}k+{tp - 1}): an engine would span ranks of other nodes; give "
+                            f"the rollout side a multiple of {tp} ranks starting at such a block")
     return problems
 
 

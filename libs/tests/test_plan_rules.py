@@ -10,7 +10,12 @@ import yaml
 
 from dagrl.config import load_job_config
 from dagrl.errors import ConfigError
-from dagrl.job_rules import check_planned_job, model_parallel_problems, redraw_problems
+from dagrl.job_rules import (
+    check_planned_job,
+    engine_tensor_parallel_problems,
+    model_parallel_problems,
+    redraw_problems,
+)
 from dagrl.workflow import load_workflow, parse_workflow
 
 
@@ -41,6 +46,29 @@ def test_tensor_parallel_layouts_are_refused_on_cpu_only() -> None:
     assert "'rollout' tp_size x pp_size > 1" in problem and "on CPU" in problem
     assert model_parallel_problems(planned, ["rollout"], on_gpu=True) == []
     assert model_parallel_problems(planned, ["actor_train"], on_gpu=False) == []  # not this rank's
+
+
+def test_vllm_tensor_parallel_engines_need_whole_blocks_of_ranks_that_draw_alike() -> None:
+    """vLLM's external launcher groups world ranks 0-1, 2-3, ... for tp 2: the rollout node's
+    ranks must be whole blocks, and its plan tp_size the engine's (one prompt slice a block)."""
+    grpo = load_workflow("grpo")
+    config = load_job_config(overrides=["actor_rollout_ref.rollout.name=vllm",
+                                        "actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
+
+    def planned(rollout: Layout) -> dict[str, Layout]:
+        return {**{n.node_id: Layout((0, 1, 2, 3)) for n in grpo.nodes}, "rollout": rollout}
+
+    assert engine_tensor_parallel_problems(config, grpo, planned(Layout((0, 1, 2, 3), 2))) == []
+    assert engine_tensor_parallel_problems(config, grpo, planned(Layout((2, 3), 2))) == []
+    (untied,) = engine_tensor_parallel_problems(config, grpo, planned(Layout((0, 1, 2, 3))))
+    assert "rollout node 'rollout' tp_size 1" in untied and "set the node's tp_size to 2" in untied
+    (split,) = engine_tensor_parallel_problems(config, grpo, planned(Layout((1, 2), 2)))
+    assert "on ranks [1, 2], which are not whole blocks" in split
+    odd = {**{n.node_id: Layout((0, 1, 2)) for n in grpo.nodes}, "rollout": Layout((0, 1), 2)}
+    (uneven,) = engine_tensor_parallel_problems(config, grpo, odd)
+    assert "the plan's 3 ranks are not a multiple of it" in uneven
+    plain = load_job_config(overrides=["actor_rollout_ref.rollout.name=vllm"])
+    assert engine_tensor_parallel_problems(plain, grpo, planned(Layout((1, 2)))) == []
 
 
 def test_the_plan_rules_and_the_job_rules_are_listed_together() -> None:
