@@ -277,7 +277,8 @@ def check_planned_job(config: JobConfig, graph: TaskGraph, layouts: Mapping[str,
     ConfigError listing every problem."""
     problems = [*job_problems(config, graph), *redraw_problems(graph, layouts),
                 *model_parallel_problems(layouts, nodes, on_gpu=on_gpu),
-                *engine_tensor_parallel_problems(config, graph, layouts)]
+                *engine_tensor_parallel_problems(config, graph, layouts),
+                *engine_memory_problems(config, graph, layouts, on_gpu=on_gpu)]
     if problems:
         raise ConfigError(problems)
 
@@ -333,6 +334,32 @@ def engine_tensor_parallel_problems(config: JobConfig, graph: TaskGraph,
                             f"{tp}k+{tp - 1}): an engine would span ranks of other nodes; give "
                             f"the rollout side a multiple of {tp} ranks starting at such a block")
     return problems
+
+
+def engine_memory_problems(config: JobConfig, graph: TaskGraph,
+                           layouts: Mapping[str, PlannedLayout], *, on_gpu: bool) -> list[str]:
+    """On a GPU each vLLM engine asks for `gpu_memory_utilization` of the whole device at its
+    start and refuses to start when less is free: the engines of the agents whose rollout a
+    rank runs (one each, built one after another, all awake) must ask for less than all of it
+    together, with the models trained beside them still to fit."""
+    rollout = config.actor_rollout_ref.rollout
+    if rollout.name != "vllm" or not on_gpu:
+        return []
+    agents_on: dict[int, set[int]] = {}
+    for node in graph.nodes:
+        if node.node_role == NodeRole.ROLLOUT and node.node_id in layouts:
+            for rank in layouts[node.node_id].ranks:
+                agents_on.setdefault(rank, set()).add(node.agent_group)
+    crowded = sorted(rank for rank, agents in agents_on.items()
+                     if len(agents) > 1 and len(agents) * rollout.gpu_memory_utilization >= 1)
+    if not crowded:
+        return []
+    engines = max(len(agents_on[rank]) for rank in crowded)
+    return [f"actor_rollout_ref.rollout.gpu_memory_utilization is "
+            f"{rollout.gpu_memory_utilization:g}, but rank(s) {crowded} run the vLLM engines of "
+            f"{engines} agents, each asking for that share of the GPU when it starts: set it "
+            f"below {1 / engines:.2g} (leaving room for the models trained there), or place the "
+            "agents apart (workflow.agent_placement: spread)"]
 
 
 def model_parallel_problems(layouts: Mapping[str, PlannedLayout], nodes: Iterable[str], *,

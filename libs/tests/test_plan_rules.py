@@ -12,6 +12,7 @@ from dagrl.config import load_job_config
 from dagrl.errors import ConfigError
 from dagrl.job_rules import (
     check_planned_job,
+    engine_memory_problems,
     engine_tensor_parallel_problems,
     model_parallel_problems,
     redraw_problems,
@@ -69,6 +70,27 @@ def test_vllm_tensor_parallel_engines_need_whole_blocks_of_ranks_that_draw_alike
     assert "the plan's 3 ranks are not a multiple of it" in uneven
     plain = load_job_config(overrides=["actor_rollout_ref.rollout.name=vllm"])
     assert engine_tensor_parallel_problems(plain, grpo, planned(Layout((1, 2)))) == []
+
+
+def test_colocated_agents_vllm_engines_must_fit_the_gpu_together() -> None:
+    """Each engine asks for gpu_memory_utilization of the device at its start (vLLM refuses
+    to start with less free): two agents' engines on one rank at the default 0.5 cannot."""
+    chain = load_workflow("two_agent")
+    vllm = load_job_config(overrides=["actor_rollout_ref.rollout.name=vllm"])
+    together = {n.node_id: Layout((0, 1)) for n in chain.nodes}
+    (problem,) = engine_memory_problems(vllm, chain, together, on_gpu=True)
+    assert problem.startswith("actor_rollout_ref.rollout.gpu_memory_utilization is 0.5, but "
+                              "rank(s) [0, 1] run the vLLM engines of 2 agents")
+    assert "set it below 0.5" in problem
+    assert engine_memory_problems(vllm, chain, together, on_gpu=False) == []  # CPU: its KV GB
+    smaller = load_job_config(overrides=["actor_rollout_ref.rollout.name=vllm",
+                                         "actor_rollout_ref.rollout.gpu_memory_utilization=0.4"])
+    assert engine_memory_problems(smaller, chain, together, on_gpu=True) == []
+    rollouts = {n.node_id for n in chain.nodes if n.node_role.name == "ROLLOUT"}
+    apart = {n.node_id: Layout((n.agent_group,)) for n in chain.nodes}
+    assert len(rollouts) == 2
+    assert engine_memory_problems(vllm, chain, apart, on_gpu=True) == []
+    assert engine_memory_problems(load_job_config(), chain, together, on_gpu=True) == []  # hf
 
 
 def test_the_plan_rules_and_the_job_rules_are_listed_together() -> None:
