@@ -51,6 +51,16 @@ def test_agg_loss_seq_modes_skip_sequences_without_tokens() -> None:
     assert_close(agg_loss(LOSS_MAT, mask, "token-mean"), torch.tensor(5.0))
 
 
+def test_sum_norm_divides_by_the_given_constant_not_the_width() -> None:
+    """Dr.GRPO's constant is the job's (data.max_response_length): a micro-batch trimmed to
+    its longest row keeps it, and the other modes ignore it."""
+    assert_close(agg_loss(LOSS_MAT, LOSS_MASK, "seq-mean-token-sum-norm", norm_length=8),
+                 torch.tensor((3.0 / 8.0 + 15.0 / 8.0) / 2.0))
+    for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"):
+        assert_close(agg_loss(LOSS_MAT, LOSS_MASK, mode, norm_length=8),
+                     torch.tensor(EXPECTED_AGG[mode]))
+
+
 def test_agg_loss_unknown_mode_lists_the_valid_ones() -> None:
     with pytest.raises(AlgorithmError, match=r"unknown loss_agg_mode 'mean'.*'token-mean'"):
         agg_loss(LOSS_MAT, LOSS_MASK, "mean")

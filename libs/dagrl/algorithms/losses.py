@@ -43,15 +43,18 @@ def agg_denominator(loss_mask: torch.Tensor, mode: str) -> torch.Tensor:
     return (loss_mask.sum(dim=-1) > 0).sum()
 
 
-def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, mode: str) -> torch.Tensor:
+def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, mode: str,
+             norm_length: int | None = None) -> torch.Tensor:
     """Aggregate a per-token loss `loss_mat` [B, T] over the tokens in `loss_mask` [B, T].
 
     - "token-mean": mean over all kept tokens of the batch (every token weighs the same; DAPO).
     - "seq-mean-token-sum": sum within each sequence, mean over sequences.
     - "seq-mean-token-mean": mean within each sequence, mean over sequences (original GRPO).
-    - "seq-mean-token-sum-norm": sum within each sequence divided by the constant T, mean over
-      sequences (Dr.GRPO, Liu et al. 2025: no length bias). verl sums over sequences instead of
-      averaging, which differs by the constant factor B.
+    - "seq-mean-token-sum-norm": sum within each sequence divided by the constant
+      `norm_length` (the job's `data.max_response_length`; None: T), mean over sequences
+      (Dr.GRPO, Liu et al. 2025: no length bias). It must not be a micro-batch's own width,
+      which token-budget micro-batches trim to their longest row. verl sums over sequences
+      instead of averaging, which differs by the constant factor B.
     Sequences with no kept token are left out of the seq-mean modes. The modes are
     `LOSS_AGG_MODES` (listed in `dagrl.algorithm_names`: the job config accepts exactly them).
     """
@@ -66,7 +69,7 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, mode: str) -> torc
     elif mode == "seq-mean-token-mean":
         seq_losses = token_sums / token_counts.clamp(min=1e-8)
     else:
-        seq_losses = token_sums / loss_mat.shape[-1]
+        seq_losses = token_sums / (norm_length or loss_mat.shape[-1])
     return masked_sum(seq_losses, token_counts > 0) / denominator
 
 
@@ -83,6 +86,7 @@ class PolicyLossConfig:
     clip_ratio_high: float = 0.2
     clip_ratio_c: float = 3.0
     loss_agg_mode: str = "token-mean"
+    norm_length: int | None = None  # seq-mean-token-sum-norm's constant (`agg_loss`)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.clip_ratio_low < 1.0:
@@ -158,7 +162,7 @@ def compute_policy_loss(
         pg_clipfrac_lower=masked_mean(is_dual_clipped.to(log_prob.dtype), response_mask).detach(),
         ppo_kl=masked_mean(-log_ratio, response_mask).detach(),
     )
-    return agg_loss(losses, response_mask, config.loss_agg_mode), stats
+    return agg_loss(losses, response_mask, config.loss_agg_mode, config.norm_length), stats
 
 
 def compute_policy_loss_gspo(
@@ -193,7 +197,7 @@ def compute_policy_loss_gspo(
         pg_clipfrac_lower=torch.zeros((), dtype=log_prob.dtype, device=log_prob.device),
         ppo_kl=masked_mean(-token_log_ratio, response_mask).detach(),
     )
-    return agg_loss(losses, response_mask, config.loss_agg_mode), stats
+    return agg_loss(losses, response_mask, config.loss_agg_mode, config.norm_length), stats
 
 
 def _weighted(losses: torch.Tensor, token_weights: torch.Tensor | None) -> torch.Tensor:
@@ -233,6 +237,7 @@ def compute_value_loss(
     response_mask: torch.Tensor,  # [B, T]
     cliprange_value: float,
     loss_agg_mode: str = "token-mean",
+    norm_length: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Clipped PPO value loss: 0.5 * max((V - R)^2, (clip(V, V_old +- c) - R)^2), aggregated.
 
@@ -248,7 +253,7 @@ def compute_value_loss(
     clipped_losses = (clipped_values - returns) ** 2  # [B, T]
     losses = torch.maximum(unclipped_losses, clipped_losses)  # [B, T]
     clipfrac = masked_mean((clipped_losses > unclipped_losses).to(values.dtype), response_mask)
-    return 0.5 * agg_loss(losses, response_mask, loss_agg_mode), clipfrac.detach()
+    return 0.5 * agg_loss(losses, response_mask, loss_agg_mode, norm_length), clipfrac.detach()
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

@@ -225,7 +225,9 @@ class ActorConfig(UpdateMicroBatches):
     clip_ratio_low: float = option(0.2, "PPO clip: lower bound is 1 - clip_ratio_low")
     clip_ratio_high: float = option(0.2, "PPO clip: upper bound is 1 + clip_ratio_high (DAPO)")
     clip_ratio_c: float = option(3.0, "dual-clip bound for negative advantages (> 1)")
-    loss_agg_mode: LossAggMode = option("token-mean", "how token losses form the batch loss")
+    loss_agg_mode: LossAggMode = option(
+        "token-mean", "how token losses form the batch loss (seq-mean-token-sum-norm divides "
+        "each sequence's sum by data.max_response_length, Dr.GRPO)")
     entropy_coeff: float = option(0.0, "entropy bonus weight")
     use_kl_loss: bool = option(True, "add KL(actor || reference) to the loss (GRPO)")
     kl_loss_coef: float = option(0.001, "weight of the KL loss")
@@ -397,7 +399,9 @@ class CriticConfig(UpdateMicroBatches):
     ppo_epochs: int = option(1, "passes over each rollout batch")
     ppo_mini_batch_size: int = option(16, "prompts per critic optimizer step")
     cliprange_value: float = option(0.5, "PPO value clipping range")
-    loss_agg_mode: LossAggMode = option("token-mean", "how token losses form the batch loss")
+    loss_agg_mode: LossAggMode = option(
+        "token-mean", "how token losses form the batch loss (seq-mean-token-sum-norm divides "
+        "each sequence's sum by data.max_response_length, Dr.GRPO)")
     fsdp_config: FSDPConfig = nested(FSDPConfig, "offload and mixed precision of the critic")
 
     def check(self) -> list[str]:

@@ -107,3 +107,26 @@ def test_a_missing_upstream_source_fails_before_anything_is_reported() -> None:
     with pytest.raises(RewardError, match=r"'judge_scores'.*judge_template"):
         executor.run(arith_rollout(), context(config, sink))
     assert sink.summary() == {}
+
+
+def test_an_agent_rows_score_lands_on_its_last_sampled_token() -> None:
+    """An agent's row has tool tokens (mask 0) between its turns: the score goes on the last
+    token the policy sampled, not on the `response_mask.sum()`-th column, which may be a tool
+    token that the loss masks out (the row would then teach nothing)."""
+    executor, config = reward_node({"sources": {"rm": 1.0}})  # scores given: no text read
+    batch = arith_rollout()
+    mask = batch.tensors["response_mask"]  # [B, 4]
+    widened = torch.zeros((len(batch), 8), dtype=mask.dtype)  # [B, 8]
+    widened[:, :mask.shape[1]] = mask
+    widened[0] = torch.tensor([1, 1, 0, 0, 0, 1, 1, 0])  # a turn, a tool's result, a turn
+    responses = torch.zeros_like(widened)
+    responses[:, :mask.shape[1]] = batch.tensors["responses"]
+    scored = executor.run(batch.with_fields(tensors={
+        "response_mask": widened, "responses": responses, "rm_scores": torch.tensor(RM)}),
+        context(config, MetricSink()))
+    scores = scored.tensors["token_level_scores"]  # [B, 8]
+    assert scores[0].nonzero().flatten().tolist() == [6]
+    assert scores[0, 6] == RM[0]
+    for row in range(1, len(batch)):  # a plain row: its last token, as before
+        last = LENGTHS[row] - 1
+        assert scores[row, last] == scores[row].sum() == RM[row]

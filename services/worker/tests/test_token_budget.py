@@ -82,7 +82,8 @@ def _summing_into(total: torch.Tensor):
     return hook
 
 
-@pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean"])
+@pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean",
+                                           "seq-mean-token-sum-norm"])
 def test_packed_update_equals_the_fixed_one(tiny_checkpoint: Path, loss_agg_mode: str) -> None:
     """The loss aggregation stays exact: the same loss and the same gradient, summed over
     the micro-batches' backward passes (Adam's first step would hide a scaled one)."""

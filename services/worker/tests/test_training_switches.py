@@ -73,3 +73,20 @@ def test_the_log_prob_setting_reaches_every_pass() -> None:
     assert default.actor_rollout_ref.model.log_prob_impl == "auto"
     on_cpu = for_device(default, RankDevice(torch.device("cpu")))
     assert actor_update(on_cpu).log_prob_impl == "chunked"
+
+
+def test_the_sum_norm_constant_is_the_jobs_max_response_length() -> None:
+    """seq-mean-token-sum-norm divides by data.max_response_length in the actor's and the
+    critic's losses, whatever width a micro-batch is trimmed to (test_token_budget.py)."""
+    from dagrl.config import load_job_config
+    from dagrl.workflow import Node, NodeRole, NodeType
+    from dagrl_worker.rank.executors.base import AgentModels
+    from dagrl_worker.rank.executors.models import CriticTrainExecutor, actor_update
+    from dagrl_worker.rank.executors.table import build_executor
+
+    config = load_job_config(overrides=["data.max_response_length=96"])
+    assert actor_update(config).norm_length == 96
+    critic = build_executor(Node("critic_train", NodeType.MODEL_TRAIN, NodeRole.CRITIC),
+                            AgentModels(tokenizer=None, critic=object()),  # type: ignore[arg-type]
+                            config, 1, None)
+    assert isinstance(critic, CriticTrainExecutor) and critic.norm_length == 96

@@ -32,12 +32,14 @@ def critic_micro_batching(critic: CriticConfig) -> MicroBatching:
 def actor_update(config: JobConfig) -> ActorUpdate:
     """The policy update's settings: `actor`, `algorithm.rollout_correction`, the rollout's
     temperature, `model.use_remove_padding`, `model.log_prob_impl` and
-    `model.log_prob_saved_logits_mb`."""
+    `model.log_prob_saved_logits_mb`, and `data.max_response_length` (seq-mean-token-sum-norm's
+    constant)."""
     policy = config.actor_rollout_ref
     return ActorUpdate(policy.actor, config.algorithm.rollout_correction,
                        policy.rollout.temperature, policy.model.use_remove_padding,
                        policy.model.log_prob_impl,
-                       policy.model.log_prob_saved_logits_mb * 2**20)
+                       policy.model.log_prob_saved_logits_mb * 2**20,
+                       config.data.max_response_length)
 
 
 def actor_plan(config: JobConfig) -> MiniBatchPlan:
@@ -111,13 +113,15 @@ class ActorTrainExecutor:
 
 class CriticTrainExecutor:
     def __init__(self, node_id: str, engine: TrainEngine, critic: CriticConfig,
-                 plan: MiniBatchPlan) -> None:
+                 plan: MiniBatchPlan, norm_length: int | None = None) -> None:
         self.node_id = node_id
         self.engine = engine
         self.critic = critic
         self.plan = plan
+        self.norm_length = norm_length  # data.max_response_length
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
         CriticUpdateInputs.of(batch, self.node_id)  # checked here; the loop cuts the Batch
-        update_critic(self.engine, batch, self.critic, self.plan, ctx.sink, step=ctx.step)
+        update_critic(self.engine, batch, self.critic, self.plan, ctx.sink, step=ctx.step,
+                      norm_length=self.norm_length)
         return batch

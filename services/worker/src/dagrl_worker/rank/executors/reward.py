@@ -68,9 +68,12 @@ class RewardExecutor:
             scores = scores + penalty
             _report_overlong(ctx, penalty)
         token_scores = torch.zeros(mask.shape, dtype=torch.float32)  # [B, R]
-        has_tokens = lengths > 0
-        rows = torch.arange(len(batch))[has_tokens]
-        token_scores[rows, (lengths[has_tokens] - 1)] = scores[has_tokens]
+        # on the last token the policy sampled: an agent's row has tool or environment tokens
+        # (mask 0) between its turns, so that is not the `lengths`-th column
+        positions = torch.arange(1, mask.shape[1] + 1)  # [R]
+        last = (mask.bool() * positions).max(dim=1).values - 1  # [B]; -1: no token
+        rows = torch.arange(len(batch))[last >= 0]
+        token_scores[rows, last[rows]] = scores[rows]
         _report_scores(ctx, scores, len(batch))
         _report_sources(ctx, by_source, self.sources.verifier.timeouts - timeouts_before)
         return batch.with_fields(tensors={fields.TOKEN_LEVEL_SCORES: token_scores})

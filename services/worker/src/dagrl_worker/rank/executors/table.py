@@ -180,7 +180,8 @@ def _values(b: _NodeInputs) -> Executor:
 
 def _critic_update(b: _NodeInputs) -> Executor:
     engine = _need(b.models.critic, b.node, "a critic model")
-    return CriticTrainExecutor(b.node.node_id, engine, b.config.critic, critic_plan(b.config))
+    return CriticTrainExecutor(b.node.node_id, engine, b.config.critic, critic_plan(b.config),
+                               b.config.data.max_response_length)
 
 
 # Executor kind (`dagrl.node_kinds.executor_kind`) -> the function building it; CUSTOM is

@@ -192,6 +192,8 @@ class ActorUpdate:
     remove_padding: bool = False  # model.use_remove_padding
     log_prob_impl: LogProbSetting = "logits"  # model.log_prob_impl
     saved_logits_bytes: int = SAVED_LOGITS_BYTES  # model.log_prob_saved_logits_mb
+    # data.max_response_length: seq-mean-token-sum-norm's constant (None: the rows' width)
+    norm_length: int | None = None
 
 
 def record_mismatch(actor_log_probs: torch.Tensor, batch: Batch, sink: MetricSink) -> None:
@@ -231,8 +233,10 @@ def update_actor(engine: TrainEngine, rows: Batch, update: ActorUpdate, plan: Mi
     Rows without `old_log_probs` (`executors.log_probs.old_log_probs_in_update`: one
     mini-batch, one epoch) take them from this update's own forward, detached."""
     config, temperature = update.actor, update.temperature
+    # one constant for every micro-batch, whatever width token budgets trim each one to
+    norm_length = update.norm_length or rows.tensors[fields.RESPONSES].shape[1]
     loss_config = PolicyLossConfig(config.clip_ratio_low, config.clip_ratio_high,
-                                   config.clip_ratio_c, config.loss_agg_mode)
+                                   config.clip_ratio_c, config.loss_agg_mode, norm_length)
     policy_loss = get_policy_loss_fn(config.policy_loss)
     mode = config.loss_agg_mode
     steps_before = engine.steps_taken
@@ -266,13 +270,13 @@ def update_actor(engine: TrainEngine, rows: Batch, update: ActorUpdate, plan: Mi
         # however the rows were cut (tokens for token-mean, sequences for seq-mean-*)
         counted = agg_denominator(batch.tensors[fields.RESPONSE_MASK], mode)
         if entropy is not None:
-            entropy_loss = agg_loss(entropy, mask, mode)
+            entropy_loss = agg_loss(entropy, mask, mode, norm_length)
             if config.entropy_coeff != 0:
                 loss = loss - config.entropy_coeff * entropy_loss
             metrics.add(telemetry.KEY_ACTOR_ENTROPY, entropy_loss, Reduce.MEAN, counted)
         if config.use_kl_loss:
             kl = kl_penalty(log_prob, batch.tensors[fields.REF_LOG_PROBS], config.kl_loss_type)
-            kl_loss = agg_loss(kl, mask, mode)
+            kl_loss = agg_loss(kl, mask, mode, norm_length)
             loss = loss + config.kl_loss_coef * kl_loss
             metrics.add(telemetry.KEY_ACTOR_KL_LOSS, kl_loss, Reduce.MEAN, counted)
         (loss * scale).backward()
@@ -290,9 +294,12 @@ def update_actor(engine: TrainEngine, rows: Batch, update: ActorUpdate, plan: Mi
 
 
 def update_critic(engine: TrainEngine, rows: Batch, config: CriticConfig,
-                  plan: MiniBatchPlan, sink: MetricSink, *, step: int | None = None) -> None:
-    """PPO value-function update with value clipping around the rollout-time values."""
+                  plan: MiniBatchPlan, sink: MetricSink, *, step: int | None = None,
+                  norm_length: int | None = None) -> None:
+    """PPO value-function update with value clipping around the rollout-time values.
+    `norm_length`: as `ActorUpdate.norm_length`."""
     mode = config.loss_agg_mode
+    norm_length = norm_length or rows.tensors[fields.RESPONSES].shape[1]
 
     def micro_step(batch: Batch, scale: float, metrics: MicroMetrics) -> None:
         mask = batch.tensors[fields.RESPONSE_MASK].float()  # [b, R]
@@ -301,7 +308,7 @@ def update_critic(engine: TrainEngine, rows: Batch, config: CriticConfig,
                                      config.model.use_remove_padding)  # [b, R]
         vf_loss, vf_clipfrac = compute_value_loss(
             values, batch.tensors[fields.RETURNS], batch.tensors[fields.VALUES], mask,
-            config.cliprange_value, mode)
+            config.cliprange_value, mode, norm_length)
         (vf_loss * scale).backward()
         metrics.add(telemetry.KEY_CRITIC_VF_LOSS, vf_loss, Reduce.MEAN,
                     agg_denominator(batch.tensors[fields.RESPONSE_MASK], mode))
