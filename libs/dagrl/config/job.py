@@ -504,10 +504,15 @@ class TrainerConfig:
     test_freq: int = option(-1, "validate every N steps; -1 disables")
     val_before_train: bool = option(True, "validate once before the first step")
     val_only: bool = option(False, "validate and stop")
-    resume_mode: Literal["auto", "disable", "resume_path"] = option("auto", "where to resume")
+    resume_mode: Literal["auto", "disable", "resume_path"] = option(
+        "auto", "where a start resumes from: auto (the run folder's latest checkpoint), "
+        "disable (afresh) or resume_path; a restart after a failure resumes from the latest "
+        "checkpoint its own job saved, as this says before it saved one")
     resume_from_path: str | None = option(None, "checkpoint folder for resume_mode=resume_path")
     default_local_dir: str = option("checkpoints", "root folder of checkpoints")
-    max_checkpoints_to_keep: int = option(3, "older checkpoints are deleted")
+    max_checkpoints_to_keep: int = option(
+        3, "the most recent saves kept, older ones deleted (an earlier run's steps above this "
+        "run's count as older)")
     max_restarts: int = option(3, "restarts from the last checkpoint after a worker dies")
     placement_timeout_s: float = option(
         300.0, "how long the plan's machines may wait for their Ray nodes' resources")

@@ -11,9 +11,12 @@ from dagrl_worker.rank import checkpoint
 from dagrl_worker.shared.plan_view import PlanView, RankGraph, colocated_plan
 
 
-def save(root: Path, step: int, keep: int) -> Path:
+def save(root: Path, step: int, keep: int, job_id: str | None = None) -> Path:
     tmp = checkpoint.begin(root, step, rank=0)
-    checkpoint.save_trainer_state(tmp, {"step": step})
+    state: dict[str, Any] = {"step": step}
+    if job_id is not None:
+        state["job_id"] = job_id
+    checkpoint.save_trainer_state(tmp, state)
     return checkpoint.commit(root, step, rank=0, keep=keep)
 
 
@@ -55,13 +58,48 @@ def job(**trainer: object) -> JobConfig:
 
 def test_a_restart_resumes_the_latest_whatever_resume_mode_says(tmp_path: Path) -> None:
     assert checkpoint.resume_folder(tmp_path, job(), attempt=0) is None  # nothing saved yet
-    save(tmp_path, 2, keep=3)
+    save(tmp_path, 2, keep=3, job_id="j1")
     latest = checkpoint.step_dir(tmp_path, 2)
     assert checkpoint.resume_folder(tmp_path, job(), attempt=0) == latest
     assert checkpoint.resume_folder(tmp_path, job(resume_mode="disable"), attempt=0) is None
-    assert checkpoint.resume_folder(tmp_path, job(resume_mode="disable"), attempt=1) == latest
+    assert checkpoint.resume_folder(tmp_path, job(resume_mode="disable"), attempt=1,
+                                    job_id="j1") == latest
     chosen = job(resume_mode="resume_path", resume_from_path=str(tmp_path / "other"))
     assert checkpoint.resume_folder(tmp_path, chosen, attempt=0) == tmp_path / "other"
+    assert checkpoint.resume_folder(tmp_path, chosen, attempt=1, job_id="j1") == latest
+
+
+def test_a_restart_before_its_jobs_first_save_starts_as_the_first_attempt_did(
+        tmp_path: Path) -> None:
+    """Only a checkpoint this job committed is its own: before that, a restart loads what the
+    first attempt loaded (nothing, or the chosen folder), not an earlier run's latest."""
+    save(tmp_path, 30, keep=3, job_id="earlier")
+    fresh = job(resume_mode="disable")
+    assert checkpoint.resume_folder(tmp_path, fresh, attempt=1, job_id="now") is None
+    chosen = job(resume_mode="resume_path", resume_from_path=str(tmp_path / "other"))
+    assert checkpoint.resume_folder(tmp_path, chosen, attempt=1,
+                                    job_id="now") == tmp_path / "other"
+    latest = checkpoint.step_dir(tmp_path, 30)
+    assert checkpoint.resume_folder(tmp_path, job(), attempt=1, job_id="now") == latest  # auto
+    save(tmp_path, 1, keep=3, job_id="now")
+    assert checkpoint.resume_folder(tmp_path, fresh, attempt=1,
+                                    job_id="now") == checkpoint.step_dir(tmp_path, 1)
+
+
+def test_pruning_keeps_the_most_recent_saves_though_an_earlier_run_went_further(
+        tmp_path: Path) -> None:
+    """A run started afresh in a folder whose earlier run reached step 30: its step 5 is the
+    newest save and stays (pruning by step number deleted it at once, leaving the marker
+    naming nothing); the earlier run's steps go first as the new run saves."""
+    for step in (10, 20, 30):
+        save(tmp_path, step, keep=3)
+    save(tmp_path, 5, keep=3)
+    assert checkpoint.latest_step(tmp_path) == 5
+    assert checkpoint.committed_steps(tmp_path) == [5, 20, 30]
+    for step in (6, 7):
+        save(tmp_path, step, keep=3)
+    assert checkpoint.committed_steps(tmp_path) == [5, 6, 7]
+    assert checkpoint.latest_step(tmp_path) == 7
 
 
 class Loader:
@@ -78,13 +116,15 @@ def test_a_checkpoint_saves_the_loader_as_of_its_step(tmp_path: Path) -> None:
     where = RankGraph.of(graph, PlanView(colocated_plan(graph, 1)), 0)
     loader = Loader()
     saver = checkpoint.RankCheckpointer(tmp_path, where, job(), {}, loader,  # type: ignore[arg-type]
-                                        FixedKLController(0.1))
+                                        FixedKLController(0.1), job_id="j1")
     for step in (1, 2, 3):
         loader.position = step * 10
         saver.note_loader(step)
     saver.save(1)
     state = checkpoint.load_trainer_state(checkpoint.step_dir(tmp_path, 1))
-    assert state == {"step": 1, "loader": {"position": 10}, "generated_ahead": []}
+    assert state == {"step": 1, "loader": {"position": 10}, "generated_ahead": [],
+                     "job_id": "j1"}
+    assert checkpoint.saved_by(checkpoint.step_dir(tmp_path, 1)) == "j1"
     assert sorted(saver.loader_states) == [2, 3]
     rank_state = checkpoint.load_rank_state(checkpoint.step_dir(tmp_path, 1), 0)
     assert rank_state["kl_coef"] == 0.1

@@ -103,15 +103,20 @@ def commit(root: Path, step: int, rank: int, keep: int) -> Path:
         marker_tmp = root / f".{LATEST_FILE}.tmp"
         marker_tmp.write_text(str(step))
         os.replace(marker_tmp, root / LATEST_FILE)
-        _prune(root, keep)
+        _prune(root, keep, step)
     _barrier()
     return final
 
 
-def _prune(root: Path, keep: int) -> None:
+def _prune(root: Path, keep: int, newest: int) -> None:
+    """Keep the `keep` most recent saves, `newest` (the step just committed) last. Steps
+    above it were saved by an earlier run in this folder (started again afresh, or from a
+    lower step): they count as older than every step of this run, not as the newest."""
     if keep <= 0:
         return
-    for old in committed_steps(root)[:-keep]:
+    steps = committed_steps(root)
+    by_recency = [s for s in steps if s > newest] + [s for s in steps if s <= newest]
+    for old in by_recency[:-keep]:
         shutil.rmtree(step_dir(root, old), ignore_errors=True)
 
 
@@ -176,16 +181,29 @@ def load_trainer_state(folder: Path) -> dict[str, Any]:
     return checkpoint_files.read_trainer_json(folder / "trainer.json")
 
 
-def resume_folder(root: Path, config: JobConfig, attempt: int) -> Path | None:
-    """The checkpoint a start loads: on a restart (`attempt` > 0 after a failure) the latest
-    committed one whatever `trainer.resume_mode` says, else as it says (None: afresh)."""
+def resume_folder(root: Path, config: JobConfig, attempt: int,
+                  job_id: str = "") -> Path | None:
+    """The checkpoint a start loads (None: afresh). On a restart (`attempt` > 0 after a
+    failure) the latest one job `job_id` committed, whatever `trainer.resume_mode` says;
+    before it saved any (or on the first start), as `resume_mode` says: a restart never takes
+    an earlier run's checkpoint for its own, nor drops the one it started from."""
+    if attempt:
+        step = latest_step(root)
+        if step is not None and saved_by(step_dir(root, step)) == job_id:
+            return step_dir(root, step)
     trainer = config.trainer
-    if not attempt and trainer.resume_mode == "disable":
+    if trainer.resume_mode == "disable":
         return None
-    if not attempt and trainer.resume_mode == "resume_path":
+    if trainer.resume_mode == "resume_path":
         return Path(trainer.resume_from_path or "")
     step = latest_step(root)
     return step_dir(root, step) if step is not None else None
+
+
+def saved_by(folder: Path) -> str | None:
+    """The job that committed checkpoint `folder` (None: written before dagrl recorded it)."""
+    job_id = load_trainer_state(folder).get("job_id")
+    return job_id if isinstance(job_id, str) else None
 
 
 class RankCheckpointer:
@@ -195,9 +213,11 @@ class RankCheckpointer:
     def __init__(self, root: Path, where: RankGraph, config: JobConfig,
                  models: dict[int, AgentModels], prompts: PromptSource,
                  kl_controller: KLController,
-                 carried: dict[str, CarryOver] | None = None) -> None:
+                 carried: dict[str, CarryOver] | None = None, job_id: str = "") -> None:
         """`carried`: the over-sampled rollout pools of this rank's nodes, by node id
-        (`rollout.carry_over`): saved as of the checkpointed step, restored on resume."""
+        (`rollout.carry_over`): saved as of the checkpointed step, restored on resume.
+        `job_id`: recorded in each checkpoint (a restart resumes only its own job's)."""
+        self.job_id = job_id
         self.root, self.where, self.rank, self.config = root, where, where.rank, config
         self.models, self.prompts, self.kl_controller = models, prompts, kl_controller
         self.carried = carried or {}
@@ -218,7 +238,8 @@ class RankCheckpointer:
             save_rank_state(tmp, self.rank, self._rank_state(tmp, step))
             if self.rank == 0:
                 save_trainer_state(tmp, {"step": step, "loader": self._loader_at(step),
-                                         "generated_ahead": list(generated_ahead)})
+                                         "generated_ahead": list(generated_ahead),
+                                         "job_id": self.job_id})
             final = commit(self.root, step, self.rank,
                            self.config.trainer.max_checkpoints_to_keep)
         return str(final)

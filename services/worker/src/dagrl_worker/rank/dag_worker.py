@@ -116,7 +116,7 @@ class DAGWorker:
         Returns (first step to run, total training steps).
         """
         self._check_job()
-        resume = resume_folder(self.checkpoint_root, self.config, attempt)
+        resume = resume_folder(self.checkpoint_root, self.config, attempt, self.spec.job_id)
         if resume:  # a damaged weights file is named here, not deep inside transformers
             checkpoint_files.check_safetensors(resume)
         setup = RankSetup(self.spec.job_id, self.config,
