@@ -58,10 +58,19 @@ class SideTask:
     refs: list[Any]
     started: float
     version: int = 0  # rollout: the weights it generates with
+    # rollout: the weight loads the ranks ran just before the step (an actor runs one
+    # caller's calls in order), awaited with it
+    loads: list[Any] = field(default_factory=list)
 
     def done(self) -> bool:
         ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
         return len(ready) == len(self.refs)
+
+    def results(self) -> list[Any]:
+        """The ranks' summaries; raises if a rank died, or if a weight load before the step
+        failed (the step then generated with older, maybe half-loaded weights)."""
+        ray.get(self.loads)
+        return ray.get(self.refs)
 
 
 @dataclass
@@ -126,8 +135,9 @@ class Pipeline:
         newest, refs = self.published
         if step - 1 - self.k > newest:  # the rule needs a version not trained yet
             return
+        loads: list[Any] = []
         if newest > self.loaded:  # runs before the step on each rank
-            self.group.receive_weights(self.sides.rollout, newest, refs)
+            loads = self.group.receive_weights(self.sides.rollout, newest, refs)
             self.loaded = newest
         now = time.perf_counter()
         self.rollout_idle += now - self.rollout_idle_since
@@ -136,7 +146,7 @@ class Pipeline:
             attrs={telemetry.ATTR_NUM_RANKS: len(self.group)})
         self.steps[step] = StepRecord(span, rollout_version=self.loaded)
         refs = self.group.submit_step(step, span.carrier(), self.sides.rollout)
-        self.rollout = SideTask("rollout", step, refs, now, self.loaded)
+        self.rollout = SideTask("rollout", step, refs, now, self.loaded, loads)
         self.next_rollout += 1
 
     def _launch_training(self) -> None:
@@ -161,7 +171,7 @@ class Pipeline:
         task = self.rollout
         assert task is not None
         record = self.steps[task.step]
-        record.rollout_summaries = ray.get(task.refs)  # raises if a rank died
+        record.rollout_summaries = task.results()
         record.generated = True
         self._log_task(task)
         self.rollout = None
@@ -177,7 +187,7 @@ class Pipeline:
         if rollout is not None and rollout.step == task.step:  # streamed: ends after its last
             ray.wait(rollout.refs, num_returns=len(rollout.refs))  # wave's hand-over
             self._finish_rollout()
-        summaries = ray.get(task.refs)
+        summaries = task.results()
         self._log_task(task)
         self.training = None
         self.trained = task.step
