@@ -1,13 +1,17 @@
-"""The plan as the worker reads it: tensor-parallel layouts."""
+"""The plan as the worker reads it: tensor-parallel layouts, and who writes a replica's shards."""
 
+import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from dagrl.batch import Batch
 from dagrl.errors import InvalidInputError
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.workflow import load_workflow
+from dagrl_worker.rank.dataflow import EdgeRouter, edge_name
 from dagrl_worker.shared.plan_view import PlanView
 
 from .test_dag_worker import make_worker
@@ -43,3 +47,39 @@ def test_ranks_on_machine_counts_the_ranks_placed_beside_a_rank() -> None:
     assert [view.ranks_on_machine_of(r) for r in range(3)] == [2, 2, 1]
     # a plan without placements puts every rank on one machine
     assert PlanView(scheduler_pb2.Plan(world_size=2)).ranks_on_machine_of(1) == 2
+
+
+class CountingStore:
+    """A ShardStore that only counts the shards put, by (edge, dp rank)."""
+
+    instance_count = 1
+
+    def __init__(self) -> None:
+        self.puts: list[tuple[str, int]] = []
+
+    def put(self, job_id: str, step: int, edge: str, dp_rank: int, batch: Any, **_: Any) -> Any:
+        self.puts.append((edge, dp_rank))
+        return types.SimpleNamespace(nbytes=0)
+
+
+def test_one_rank_of_a_tensor_parallel_replica_writes_its_shards() -> None:
+    """A tp 2 engine on ranks 0-1 (one replica) feeding nodes on dp 2: both ranks generate the
+    same rows; only rank 0 puts them, once per edge (a second put replaced the first under
+    its readers)."""
+    graph = load_workflow("grpo")
+    plan = scheduler_pb2.Plan(world_size=2)
+    for node in graph.nodes:
+        tp = 2 if node.node_id == "rollout" else 1
+        plan.layouts.add(node_id=node.node_id, dp_size=2 // tp, tp_size=tp, pp_size=1,
+                         ranks=[0, 1])
+    view = PlanView(plan)
+    assert [view.layout("rollout").leads_replica(r) for r in (0, 1)] == [True, False]
+    stores = {rank: CountingStore() for rank in (0, 1)}
+    rows = Batch(tensors={"responses": torch.zeros(2, 3, dtype=torch.long)})
+    for rank, store in stores.items():
+        router = EdgeRouter(graph, view, rank, "job", store)  # type: ignore[arg-type]
+        router.publish(1, "rollout", rows)
+        assert router.local["rollout"] is rows  # every rank keeps its own output
+    edges = [edge_name("rollout", child) for child in graph.children("rollout")]
+    assert edges and stores[0].puts == [(edge, 0) for edge in edges]
+    assert stores[1].puts == []

@@ -121,8 +121,13 @@ class EdgeRouter:
         self.local[producer] = batch
         layout = self.plan.layout(producer)
         dp_rank = layout.dp_rank(self.rank)
+        # the ranks of one tensor-parallel replica hold the same output: its first writes it
+        # (a second put of the same shard replaced the first under its readers)
+        writes = layout.leads_replica(self.rank)
         for consumer in self.graph.children(producer):
             if self.running is not None and consumer not in self.running:
+                continue
+            if not writes and not self.is_local(producer, consumer):
                 continue
             if not self.is_local(producer, consumer):
                 edge = edge_name(producer, consumer) + part

@@ -34,6 +34,11 @@ class NodeLayout:
     def dp_rank(self, rank: int) -> int:
         return self.ranks.index(rank) // (self.tp_size * self.pp_size)
 
+    def leads_replica(self, rank: int) -> bool:
+        """Whether `rank` is the first of its data-parallel replica's tensor/pipeline-parallel
+        ranks (each of which holds the replica's output)."""
+        return self.ranks.index(rank) % (self.tp_size * self.pp_size) == 0
+
     def runs_on(self, rank: int) -> bool:
         return rank in self.ranks
 
