@@ -47,6 +47,7 @@ from dagrl.algorithms.losses import (
     log_probs_from_logits,
 )
 from dagrl.algorithms.masked import (
+    SumAcross,
     explained_variance,
     masked_mean,
     masked_sum,
@@ -76,6 +77,7 @@ __all__ = [
     "Mismatch",
     "PolicyLossConfig",
     "PolicyLossStats",
+    "SumAcross",
     "agg_denominator",
     "agg_loss",
     "apply_kl_penalty",

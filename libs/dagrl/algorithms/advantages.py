@@ -7,9 +7,11 @@ from config. Every estimator returns `(advantages, returns)`, both [B, T], zero 
 
 Group-based estimators take `group_ids`: one hashable id per sample (the prompt it came from);
 all samples of a group must be in the batch, which the databuffer guarantees by resharding
-whole groups. Which estimators need `group_ids` and which need a critic's `values` is
-`dagrl.algorithm_names.ESTIMATOR_NEEDS` (the job check reads it too); a test holds the
-estimators here to that table.
+whole groups. The estimators that whiten over the batch (GAE, REINFORCE++ and its baseline
+variant) take `across` when the batch is spread over ranks: their statistics are then the whole
+batch's (`dagrl.algorithms.masked`). Which estimators need `group_ids` and which need a
+critic's `values` is `dagrl.algorithm_names.ESTIMATOR_NEEDS` (the job check reads it too); a
+test holds the estimators here to that table.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dagrl.algorithms.errors import (
     require_same_shape,
     unknown_name_error,
 )
-from dagrl.algorithms.masked import masked_sum, masked_whiten
+from dagrl.algorithms.masked import SumAcross, masked_sum, masked_whiten
 
 # One id per sample naming its group (the prompt it came from): a list of str/int, or a tensor.
 GroupIds = Sequence[Hashable] | torch.Tensor
@@ -39,7 +41,9 @@ class AdvantageInputs:
     `values` and `group_ids` are needed by the estimators `ESTIMATOR_NEEDS` marks `values` and
     `groups` (`dagrl.algorithm_names`). `gamma` is used by "gae" and "reinforce_plus_plus",
     `lam` by "gae", `epsilon` and `norm_adv_by_std_in_grpo` by "grpo" (False: Dr.GRPO, the
-    group-centred score without the std division, as "drgrpo" always does).
+    group-centred score without the std division, as "drgrpo" always does). `across` sums over
+    the ranks holding the rest of the batch, for the estimators that whiten over it; None: this
+    batch is the whole batch.
     """
 
     token_level_rewards: torch.Tensor  # [B, T]
@@ -50,6 +54,7 @@ class AdvantageInputs:
     lam: float = 1.0
     epsilon: float = 1e-6
     norm_adv_by_std_in_grpo: bool = True
+    across: SumAcross | None = None
 
 
 def _check_rewards(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> None:
@@ -112,6 +117,7 @@ def compute_gae_advantage_return(
     response_mask: torch.Tensor,  # [B, T]
     gamma: float,
     lam: float,
+    across: SumAcross | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized Advantage Estimation (Schulman et al. 2016), as used by PPO.
 
@@ -119,7 +125,8 @@ def compute_gae_advantage_return(
     Like verl's `compute_gae_advantage_return`, positions outside the mask (e.g. tool output in a
     multi-turn response) are skipped: they carry the next value and advantage through unchanged,
     so the scan bridges over them. Returns are A + V before whitening; advantages are then
-    whitened over the masked batch. Unlike verl, both come back as 0 outside the mask.
+    whitened over the masked batch (every rank's share with `across`). Unlike verl, both come
+    back as 0 outside the mask.
     """
     _check_rewards(token_level_rewards, response_mask)
     require_same_shape("values", values, "token_level_rewards", token_level_rewards)
@@ -136,7 +143,7 @@ def compute_gae_advantage_return(
         last_gae = torch.where(is_kept[:, t], gae, last_gae)
         advantages[:, t] = last_gae
     returns = torch.where(is_kept, advantages + safe_values, 0.0)
-    return masked_whiten(advantages, response_mask), returns
+    return masked_whiten(advantages, response_mask, across=across), returns
 
 
 @torch.no_grad()
@@ -190,8 +197,10 @@ def compute_reinforce_plus_plus_outcome_advantage(
     token_level_rewards: torch.Tensor,  # [B, T]
     response_mask: torch.Tensor,  # [B, T]
     gamma: float,
+    across: SumAcross | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++ (Hu 2025): discounted return-to-go per token, whitened over the batch.
+    """REINFORCE++ (Hu 2025): discounted return-to-go per token, whitened over the batch
+    (every rank's share with `across`).
 
     G_t = r_t + gamma * G_{t+1}. No critic and no group baseline: the batch-level whitening is
     the baseline. Positions outside the mask are skipped like in GAE: their rewards are ignored
@@ -206,7 +215,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
     for t in reversed(range(rewards.shape[1])):
         running = torch.where(is_kept[:, t], rewards[:, t] + gamma * running, running)
         returns[:, t] = torch.where(is_kept[:, t], running, 0.0)
-    return masked_whiten(returns, response_mask), returns
+    return masked_whiten(returns, response_mask, across=across), returns
 
 
 @torch.no_grad()
@@ -214,8 +223,10 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     token_level_rewards: torch.Tensor,  # [B, T]
     response_mask: torch.Tensor,  # [B, T]
     group_ids: GroupIds,
+    across: SumAcross | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++ with baseline (Hu 2025): subtract the group mean score, then whiten the batch.
+    """REINFORCE++ with baseline (Hu 2025): subtract the group mean score, then whiten the batch
+    (every rank's share with `across`).
 
     Differs from GRPO in where it normalizes: the std comes from all response tokens of the
     batch, not from the group, so small groups with equal scores do not blow up. Single-sample
@@ -224,7 +235,8 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     _check_rewards(token_level_rewards, response_mask)
     scores = _outcome_scores(token_level_rewards, response_mask)  # [B]
     mean, _ = _group_mean_std(scores, group_ids)
-    advantages = masked_whiten(_broadcast(scores - mean, response_mask), response_mask)
+    advantages = masked_whiten(_broadcast(scores - mean, response_mask), response_mask,
+                               across=across)
     return advantages, advantages
 
 
@@ -254,7 +266,7 @@ def _need_groups(inputs: AdvantageInputs, name: str) -> GroupIds:
 def _gae(x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     values = _need_values(x, "gae")
     return compute_gae_advantage_return(
-        x.token_level_rewards, values, x.response_mask, x.gamma, x.lam
+        x.token_level_rewards, values, x.response_mask, x.gamma, x.lam, x.across
     )
 
 
@@ -277,14 +289,14 @@ def _rloo(x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _reinforce_pp(x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     return compute_reinforce_plus_plus_outcome_advantage(
-        x.token_level_rewards, x.response_mask, x.gamma
+        x.token_level_rewards, x.response_mask, x.gamma, x.across
     )
 
 
 def _reinforce_pp_baseline(x: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     groups = _need_groups(x, "reinforce_plus_plus_baseline")
     return compute_reinforce_plus_plus_baseline_outcome_advantage(
-        x.token_level_rewards, x.response_mask, groups
+        x.token_level_rewards, x.response_mask, groups, x.across
     )
 
 

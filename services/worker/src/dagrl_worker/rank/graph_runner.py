@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 
 from dagrl import telemetry
 from dagrl.algorithms import KLController
@@ -43,6 +44,7 @@ from dagrl_worker.rank.prompts import (
     dp_slice,
     prompts_to_batch,
 )
+from dagrl_worker.rank.training.parallel import DataParallel
 from dagrl_worker.shared.metrics import MetricSink, Reduce
 from dagrl_worker.shared.plan_view import RankGraph
 
@@ -51,7 +53,8 @@ class GraphRunner:
     def __init__(self, rank_graph: RankGraph, config: JobConfig, executors: dict[str, Executor],
                  models: dict[int, AgentModels], prompts: PromptSource,
                  policy: PolicyVersions, device: RankDevice,
-                 kl_controller: KLController) -> None:
+                 kl_controller: KLController,
+                 spread: Callable[[str], DataParallel] = lambda node_id: DataParallel()) -> None:
         self.where, self.graph, self.rank = rank_graph, rank_graph.graph, rank_graph.rank
         self.config = config
         self.executors = executors  # node id -> executor; tests may swap one in place
@@ -60,6 +63,8 @@ class GraphRunner:
         self.policy = policy
         self.device = device
         self.kl_controller = kl_controller
+        # each node's ranks its batch is spread over in a walk (`StepContext.dp`)
+        self.spread = {node_id: spread(node_id) for node_id in rank_graph.order}
         # agents' metrics get an `agent{g}/` prefix only when there is more than one
         self.is_multi_agent = len(self.graph.agent_groups()) > 1
         # what each node does in the step (rollout, reward, ...), on its span
@@ -172,7 +177,9 @@ class GraphRunner:
         return prompts_to_batch(rows, tokenizer.pad_token_id, f"s{step}{tag}")
 
     def _node_context(self, ctx: StepContext, node_id: str) -> StepContext:
-        """`ctx` for one node: in a multi-agent workflow its metrics go under `agent{g}/`."""
+        """`ctx` for one node: the ranks its batch is spread over (every rank of the node walks
+        it with this one); in a multi-agent workflow its metrics go under `agent{g}/`."""
+        ctx = dataclasses.replace(ctx, dp=self.spread[node_id])
         if not self.is_multi_agent:
             return ctx
         agent = self.graph[node_id].agent_group

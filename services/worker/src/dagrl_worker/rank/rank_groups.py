@@ -2,9 +2,13 @@
 
 `RankGroups.setup` joins the world group over the rank's device backend (`device.RankDevice`
 decides it once: on CUDA NCCL for device tensors and gloo for host tensors in every group, gloo
-on CPU), then creates the plan's groups and the weight-sync
-groups in the one order every rank follows (`new_group` is collective), and vLLM's own groups
-when the rollout is vLLM. `dp_for` hands a node the data-parallel view of its group.
+on CPU), then creates the plan's groups, the weight-sync groups and the advantage nodes'
+statistics groups in the one order every rank follows (`new_group` is collective), and vLLM's
+own groups when the rollout is vLLM. `dp_for` hands a model node the data-parallel view of its
+group; `statistics_for` an advantage node the ranks its batch is spread over, so that what it
+computes over the whole batch (whitening, the adaptive KL controller's KL) is the whole
+batch's: the plan gives such a node no group of its own (it holds no model), so one over its
+ranks is created, or the plan's group over the same ranks reused.
 
 The device half: between steps the trained models' state goes to host memory where
 `fsdp_config` offloads it and the GPU's cache back to the driver (`offload_engines`), and each
@@ -18,8 +22,10 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from dagrl import telemetry
+from dagrl.batch.schema import ExecutorKind
 from dagrl.config import RolloutConfig
 from dagrl.engines import require_engine
+from dagrl.node_kinds import executor_kind
 from dagrl.telemetry.instruments import process_rss_bytes
 from dagrl.workflow import TaskGraph
 from dagrl_worker.rank.device import RankDevice
@@ -37,6 +43,8 @@ class RankGroups:
         self.graph, self.plan, self.rank, self.device = graph, plan, rank, device
         self.groups: dict[str, dist.ProcessGroup | None] = {}  # None: a group without this rank
         self.weight_syncs: list[tuple[SyncGroup, dist.ProcessGroup | None]] = []
+        # advantage node -> the group over its ranks (None: this rank is not one of them)
+        self.statistics: dict[str, dist.ProcessGroup | None] = {}
 
     def setup(self, init_method: str, rollout: RolloutConfig) -> None:
         """Join the world group (`init_method`: `file://...` on one machine, `tcp://...`
@@ -52,6 +60,13 @@ class RankGroups:
         for sync in sync_groups(self.graph, self.plan):  # after the plan's, same order
             handle = dist.new_group(list(sync.ranks)) if dist.is_initialized() else None
             self.weight_syncs.append((sync, handle))
+        planned = {group.ranks: group.name for group in self.plan.groups}
+        for node_id, ranks in statistics_ranks(self.graph, self.plan):  # after, same order
+            if not dist.is_initialized():
+                break
+            reused = planned.get(ranks)
+            handle = self.groups[reused] if reused else dist.new_group(list(ranks))
+            self.statistics[node_id] = handle if self.rank in ranks else None
         if rollout.name == "vllm" and dist.is_initialized():
             # every rank, before any engine exists: vLLM's own groups over this world
             require_engine("vllm")
@@ -70,6 +85,25 @@ class RankGroups:
             return DataParallel()
         return DataParallel(self.groups[group.name], group.ranks.index(self.rank),
                             len(group.ranks))
+
+    def statistics_for(self, node_id: str) -> DataParallel:
+        """The ranks an advantage node's batch is spread over, with this rank's place among
+        them; a lone rank for any other node, or one whose batch is all here."""
+        handle = self.statistics.get(node_id)
+        if handle is None:
+            return DataParallel()
+        ranks = self.plan.layout(node_id).ranks
+        return DataParallel(handle, ranks.index(self.rank), len(ranks))
+
+
+def statistics_ranks(graph: TaskGraph, plan: PlanView) -> list[tuple[str, tuple[int, ...]]]:
+    """The advantage nodes on more than one rank, with their ranks, in topological order."""
+    out = []
+    for node_id in graph.topological_order():
+        ranks = plan.layout(node_id).ranks
+        if executor_kind(graph[node_id]) == ExecutorKind.ADVANTAGE and len(ranks) > 1:
+            out.append((node_id, tuple(ranks)))
+    return out
 
 
 def offload_engines(models: dict[int, AgentModels], device: RankDevice) -> None:

@@ -93,7 +93,8 @@ def build_parts(setup: RankSetup, models: dict[int, AgentModels], store: ShardSt
     ledger = SampleLedger(setup.checkpoint_root / metrics_file.RUN_SUBDIR, where.rank,
                           setup.job_id)
     policy = PolicyVersions(config.trainer.max_staleness, ledger, attempt, first_step - 1)
-    runner = GraphRunner(where, config, executors, models, prompts, policy, setup.device, kl)
+    runner = GraphRunner(where, config, executors, models, prompts, policy, setup.device, kl,
+                         setup.groups.statistics_for)
     return RankParts(where, data_job, prompts, runner, router, checkpointer, policy, syncs,
                      first_step, total)
 

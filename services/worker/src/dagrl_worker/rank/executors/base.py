@@ -67,6 +67,9 @@ class StepContext:
     # Runs the nodes upstream of the calling node again on a fresh prompt batch (DAPO
     # dynamic sampling draws more prompts this way); set by the DAGWorker.
     regenerate: Callable[[str, int], Batch] | None = None
+    # the ranks that run this node beside this one in this pass, its batch spread over them:
+    # the advantage node's statistics reduce over them (`GraphRunner.walk` sets it per node;
+    # a lone rank in DAPO's rerun, which runs on one rank)
     dp: DataParallel = field(default_factory=DataParallel)
     # a validation pass: rollouts sample with the val parameters (`RolloutSampling.at`)
     validating: bool = False

@@ -26,6 +26,7 @@ from dagrl.batch.schema import ReadOptions
 from dagrl.config import AlgorithmConfig, FilterGroupsConfig
 from dagrl.job_rules import PRODUCED_BY
 from dagrl_worker.rank.executors.base import StepContext
+from dagrl_worker.rank.training.parallel import DataParallel
 from dagrl_worker.shared.metrics import Reduce
 
 
@@ -47,6 +48,11 @@ class AdvantageSettings:
 
 class AdvantageExecutor:
     """Token-level rewards (scores, minus a KL penalty when configured) -> advantages.
+
+    With the node on several ranks (`ctx.dp`), what verl computes over the whole batch is the
+    whole batch's here too: the whitening of GAE and REINFORCE++ (and its baseline variant),
+    the KL the adaptive controller adapts to (so every rank's controller keeps the same
+    coefficient), and the critic's explained variance.
 
     `algorithm.norm_adv_by_std_in_grpo: false` makes "grpo" Dr.GRPO: score minus the group
     mean, without dividing by the group's std (the "drgrpo" estimator does the same).
@@ -73,12 +79,13 @@ class AdvantageExecutor:
             ctx.sink.add(telemetry.KEY_REWARD_KL_PENALTY, float(mean_kl), Reduce.MEAN,
                          weight=len(batch))
             ctx.sink.add(telemetry.KEY_REWARD_KL_PENALTY_COEFF, ctx.kl_controller.value, Reduce.MAX)
-            ctx.kl_controller.update(float(mean_kl), len(batch))
+            ctx.kl_controller.update(*_batch_kl(float(mean_kl), len(batch), ctx.dp))
+        across = ctx.dp.summed if ctx.dp.is_distributed else None
         inputs = AdvantageInputs(
             token_level_rewards=rewards, response_mask=mask,
             values=view.values, group_ids=batch.group_ids,
             gamma=algorithm.gamma, lam=algorithm.lam,
-            norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo)
+            norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo, across=across)
         advantages, returns = compute_advantage(self.estimator, inputs)
         tokens = float(view.response_mask.sum())
         token_mean = lambda t: float((t * mask).sum() / max(tokens, 1.0))  # noqa: E731
@@ -87,11 +94,20 @@ class AdvantageExecutor:
         ctx.sink.add(telemetry.KEY_ADVANTAGES_MEAN, token_mean(advantages), Reduce.MEAN,
                      weight=tokens)
         ctx.sink.add(telemetry.KEY_RETURNS_MEAN, token_mean(returns), Reduce.MEAN, weight=tokens)
-        fit = None if inputs.values is None else explained_variance(inputs.values, returns, mask)
-        if fit is not None:  # a token-weighted mean of each rank's figure
+        fit = None if inputs.values is None else explained_variance(inputs.values, returns, mask,
+                                                                      across)
+        if fit is not None:  # the whole batch's (wave's) figure, the same on every rank
             ctx.sink.add(telemetry.KEY_VF_EXPLAINED_VAR, fit, Reduce.MEAN, weight=tokens)
         return batch.with_fields(tensors={fields.TOKEN_LEVEL_REWARDS: rewards,
                                           fields.ADVANTAGES: advantages, fields.RETURNS: returns})
+
+
+def _batch_kl(mean_kl: float, samples: int, dp: DataParallel) -> tuple[float, int]:
+    """The mean KL over the whole batch and its sample count, from this rank's share's."""
+    if not dp.is_distributed:
+        return mean_kl, samples
+    kl_total, total = dp.sum(mean_kl * samples, samples)
+    return kl_total / max(total, 1.0), int(total)
 
 
 class DynamicSamplingExecutor:
