@@ -159,5 +159,11 @@ class CheckpointDamagedError(FailedPreconditionError):
     the file and how to resume without it."""
 
 
+class CheckpointPlanError(FailedPreconditionError):
+    """A checkpoint was saved under another plan (world size, a node's ranks or parallel
+    layout) than the job resuming from it: its ranks' states would not fit
+    (`dagrl_worker.rank.checkpoint.check_saved_plan`)."""
+
+
 class RunReportError(NotFoundError):
     """`dagrl dashboard` found no metrics file in the folder it was given."""

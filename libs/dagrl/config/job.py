@@ -507,7 +507,8 @@ class TrainerConfig:
     resume_mode: Literal["auto", "disable", "resume_path"] = option(
         "auto", "where a start resumes from: auto (the run folder's latest checkpoint), "
         "disable (afresh) or resume_path; a restart after a failure resumes from the latest "
-        "checkpoint its own job saved, as this says before it saved one")
+        "checkpoint its own job saved, as this says before it saved one; a checkpoint resumes "
+        "only under the plan it was saved under (world size, each node's ranks)")
     resume_from_path: str | None = option(None, "checkpoint folder for resume_mode=resume_path")
     default_local_dir: str = option("checkpoints", "root folder of checkpoints")
     max_checkpoints_to_keep: int = option(

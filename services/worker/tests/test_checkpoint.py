@@ -4,8 +4,11 @@ rank's checkpointer resumes from the right folder and saves the loader as of the
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from dagrl.algorithms import FixedKLController
 from dagrl.config import JobConfig, load_job_config
+from dagrl.errors import CheckpointPlanError
 from dagrl.workflow import load_workflow
 from dagrl_worker.rank import checkpoint
 from dagrl_worker.shared.plan_view import PlanView, RankGraph, colocated_plan
@@ -123,8 +126,35 @@ def test_a_checkpoint_saves_the_loader_as_of_its_step(tmp_path: Path) -> None:
     saver.save(1)
     state = checkpoint.load_trainer_state(checkpoint.step_dir(tmp_path, 1))
     assert state == {"step": 1, "loader": {"position": 10}, "generated_ahead": [],
-                     "job_id": "j1"}
+                     "job_id": "j1", "plan": checkpoint.plan_record(where.plan)}
+    assert state["plan"]["world_size"] == 1
+    assert state["plan"]["nodes"]["actor_train"] == {"ranks": [0], "dp": 1, "tp": 1, "pp": 1}
     assert checkpoint.saved_by(checkpoint.step_dir(tmp_path, 1)) == "j1"
     assert sorted(saver.loader_states) == [2, 3]
     rank_state = checkpoint.load_rank_state(checkpoint.step_dir(tmp_path, 1), 0)
     assert rank_state["kl_coef"] == 0.1
+
+
+def test_a_checkpoint_resumes_only_under_the_plan_it_was_saved_under(tmp_path: Path) -> None:
+    """The same plan and a checkpoint that recorded none pass; another world size, or a node
+    on other ranks or of another layout, is refused naming each change."""
+    graph = load_workflow("grpo")
+    two = PlanView(colocated_plan(graph, 2))
+    legacy = save(tmp_path, 1, keep=3)
+    checkpoint.check_saved_plan(legacy, two)
+    folder = save(tmp_path, 2, keep=3)
+    checkpoint.save_trainer_state(folder, {"step": 2, "plan": checkpoint.plan_record(two)})
+    checkpoint.check_saved_plan(folder, PlanView(colocated_plan(graph, 2)))
+    with pytest.raises(CheckpointPlanError, match=r"world size 2 then, 3 now; node "
+                       r"'actor_train' on ranks \[0, 1\] \(dp 2 x tp 1 x pp 1\) then, on "
+                       r"\[0, 1, 2\] \(dp 3 x tp 1 x pp 1\) now"):
+        checkpoint.check_saved_plan(folder, PlanView(colocated_plan(graph, 3)))
+    moved = colocated_plan(graph, 2)
+    for layout in moved.layouts:
+        if layout.node_id == "rollout":
+            layout.tp_size, layout.dp_size = 2, 1
+    with pytest.raises(CheckpointPlanError) as refused:
+        checkpoint.check_saved_plan(folder, PlanView(moved))
+    assert "world size" not in str(refused.value)
+    assert "node 'rollout' on ranks [0, 1] (dp 2 x tp 1 x pp 1) then, on [0, 1] (dp 1 x tp 2 " \
+           "x pp 1) now" in str(refused.value)

@@ -9,7 +9,7 @@ import yaml
 
 from dagrl.batch import Batch
 from dagrl.data import make_dataset
-from dagrl.errors import ConfigError, InvalidInputError, MissingFieldError
+from dagrl.errors import CheckpointPlanError, ConfigError, InvalidInputError, MissingFieldError
 from dagrl.models import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl.workflow import load_workflow
@@ -51,11 +51,12 @@ def job_yaml(tiny_checkpoint: Path, data: Path, workflow: str, **trainer: object
 
 
 def make_worker(tiny_checkpoint: Path, tmp_path: Path, workflow: str = "grpo",
-                **trainer: object) -> DAGWorker:
+                world_size: int = 1, **trainer: object) -> DAGWorker:
+    """Rank 0 of `workflow` colocated on `world_size` ranks (world 1: driven alone)."""
     data = tmp_path / "data"
     if not data.exists():
         make_dataset("arith", 32, 8, data, seed=0)
-    plan = colocated_plan(load_workflow(workflow), world_size=1)
+    plan = colocated_plan(load_workflow(workflow), world_size=world_size)
     spec = WorkerSpec(job_id="unit", config_yaml=job_yaml(tiny_checkpoint, data, workflow,
                                                           **trainer),
                       workflow_yaml="", overrides=(), plan=plan.SerializeToString(),
@@ -130,6 +131,23 @@ def test_a_restart_resumes_from_the_latest_checkpoint_in_a_fresh_data_namespace(
     restarted = make_worker(tiny_checkpoint, tmp_path, save_freq=1, resume_mode="disable")
     assert restarted.init_graph(attempt=2)[0] == 2
     assert restarted.parts.router.job_id == "unit.r2"  # shards of the failed attempt stay unread
+
+
+def test_a_checkpoint_is_not_resumed_under_another_plan(tiny_checkpoint: Path,
+                                                        tmp_path: Path) -> None:
+    """Saved on one rank, refused on two (before any model loads), naming what changed and
+    how to start from its weights instead."""
+    first = make_worker(tiny_checkpoint, tmp_path, save_freq=1)
+    first.init_graph()
+    first.save_checkpoint(1)
+    wider = make_worker(tiny_checkpoint, tmp_path, world_size=2, save_freq=1)
+    with pytest.raises(CheckpointPlanError, match=r"world size 1 then, 2 now.*"
+                       r"node 'actor_train' on ranks \[0\] .* then, on \[0, 1\]"
+                       r".*global_step_1/agent0/actor with trainer.resume_mode=disable"):
+        wider.init_graph()
+    assert not wider.models  # refused before any model loaded
+    same = make_worker(tiny_checkpoint, tmp_path, save_freq=1)
+    assert same.init_graph()[0] == 2
 
 
 class Recorder:

@@ -7,7 +7,7 @@ Layout of `<root>/global_step_<N>/`:
     agent<g>/critic/     HF checkpoint of its value model, when there is one
     rank<r>.pt           rank r's optimizer + LR-schedule states, RNG states, KL controller,
                          and (rollout.over_sample) the samples its rollout carried out of step N
-    trainer.json         step and dataloader position
+    trainer.json         step and dataloader position, the job that saved it and its plan
 `<root>/latest_checkpointed_iteration.txt` names the newest committed step; it is
 replaced atomically after the rename, so a crash mid-save leaves the previous checkpoint
 as the latest. Older checkpoints beyond `max_checkpoints_to_keep` are deleted; only folders
@@ -16,8 +16,11 @@ named exactly `global_step_<int>` count (`dagrl.checkpoint_layout`), a user's
 
 Every rank saves and loads through its `RankCheckpointer` (which checkpoint a start resumes
 from, what each rank writes, the prompt loader's position per step); the world process group
-synchronizes them. `.pt` files are read with `torch.load(weights_only=True)`: no arbitrary
-unpickling.
+synchronizes them. Each rank's state belongs to its place in the plan (its share of sharded
+optimizer states, the samples its rollout carried), so a checkpoint records its plan and a job
+planned otherwise (another world size, a node on other ranks) is refused before any model
+loads (`check_saved_plan`), naming the way out. `.pt` files are read with
+`torch.load(weights_only=True)`: no arbitrary unpickling.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from dagrl import telemetry
 from dagrl.algorithms import KLController
 from dagrl.checkpoint_layout import LATEST_FILE, committed_steps, step_dir
 from dagrl.config import JobConfig
+from dagrl.errors import CheckpointPlanError
 from dagrl.workflow import NodeRole
 from dagrl_worker.rank import checkpoint_files
 from dagrl_worker.rank.executors.base import AgentModels
@@ -45,7 +49,7 @@ from dagrl_worker.rank.prompts import PromptSource
 from dagrl_worker.rank.rollout.carry_over import CarryOver
 from dagrl_worker.rank.sync_topology import trainer_ranks
 from dagrl_worker.rank.training import lora
-from dagrl_worker.shared.plan_view import RankGraph
+from dagrl_worker.shared.plan_view import PlanView, RankGraph
 
 log = logging.getLogger("dagrl.worker")
 
@@ -200,6 +204,53 @@ def resume_folder(root: Path, config: JobConfig, attempt: int,
     return step_dir(root, step) if step is not None else None
 
 
+def plan_record(plan: PlanView) -> dict[str, Any]:
+    """What a checkpoint records of the plan it was saved under: the world size and each
+    node's ranks and dp x tp x pp (as JSON reads it back)."""
+    return {"world_size": plan.world_size,
+            "nodes": {node_id: {"ranks": list(layout.ranks), "dp": layout.dp_size,
+                                "tp": layout.tp_size, "pp": layout.pp_size}
+                      for node_id, layout in sorted(plan.layouts.items())}}
+
+
+def check_saved_plan(folder: Path, plan: PlanView) -> None:
+    """Refuse to resume from `folder` under a plan other than the one it was saved under
+    (a checkpoint written before dagrl recorded its plan is taken as it is)."""
+    saved = load_trainer_state(folder).get("plan")
+    now = plan_record(plan)
+    if saved is None or saved == now:
+        return
+    changes = _plan_changes(saved, now)
+    raise CheckpointPlanError(
+        f"checkpoint {folder} was saved under another plan than this job's: "
+        f"{'; '.join(changes[:4])}{' ...' if len(changes) > 4 else ''}. Each rank's state in it "
+        "(its share of sharded optimizer states, the samples its rollout carried) belongs to "
+        "its place in that plan. Resume with the resources and workflow it was saved under, "
+        "or start afresh from its weights: actor_rollout_ref.model.path="
+        f"{folder}/agent0/actor with trainer.resume_mode=disable (the optimizer state and the "
+        "prompt position start over)")
+
+
+def _plan_changes(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """What differs between two `plan_record`s, in words."""
+    changes = []
+    if saved.get("world_size") != now["world_size"]:
+        changes.append(f"world size {saved.get('world_size')} then, {now['world_size']} now")
+    before, after = saved.get("nodes", {}), now["nodes"]
+    for node_id in sorted(set(before) | set(after)):
+        was, is_ = before.get(node_id), after.get(node_id)
+        if was == is_:
+            continue
+        if was is None or is_ is None:
+            changes.append(f"node {node_id!r} {'not ' if was is None else ''}in it then, "
+                           f"{'not ' if is_ is None else ''}now")
+            continue
+        changes.append(f"node {node_id!r} on ranks {was.get('ranks')} (dp {was.get('dp')} x "
+                       f"tp {was.get('tp')} x pp {was.get('pp')}) then, on {is_['ranks']} "
+                       f"(dp {is_['dp']} x tp {is_['tp']} x pp {is_['pp']}) now")
+    return changes
+
+
 def saved_by(folder: Path) -> str | None:
     """The job that committed checkpoint `folder` (None: written before dagrl recorded it)."""
     job_id = load_trainer_state(folder).get("job_id")
@@ -239,7 +290,8 @@ class RankCheckpointer:
             if self.rank == 0:
                 save_trainer_state(tmp, {"step": step, "loader": self._loader_at(step),
                                          "generated_ahead": list(generated_ahead),
-                                         "job_id": self.job_id})
+                                         "job_id": self.job_id,
+                                         "plan": plan_record(self.where.plan)})
             final = commit(self.root, step, self.rank,
                            self.config.trainer.max_checkpoints_to_keep)
         return str(final)

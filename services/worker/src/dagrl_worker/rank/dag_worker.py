@@ -39,7 +39,7 @@ from dagrl_worker.rank import checkpoint_files
 from dagrl_worker.rank.async_training.in_flight import Poll
 from dagrl_worker.rank.async_training.rank_sides import rank_sides
 from dagrl_worker.rank.async_training.weight_publish import Published
-from dagrl_worker.rank.checkpoint import resume_folder
+from dagrl_worker.rank.checkpoint import check_saved_plan, resume_folder
 from dagrl_worker.rank.dataflow import ShardStore
 from dagrl_worker.rank.device import (
     device_problems,
@@ -119,6 +119,7 @@ class DAGWorker:
         resume = resume_folder(self.checkpoint_root, self.config, attempt, self.spec.job_id)
         if resume:  # a damaged weights file is named here, not deep inside transformers
             checkpoint_files.check_safetensors(resume)
+            check_saved_plan(resume, self.plan)
         setup = RankSetup(self.spec.job_id, self.config,
                           RankGraph.of(self.graph, self.plan, self.rank), self.device,
                           self.groups, self.checkpoint_root)
