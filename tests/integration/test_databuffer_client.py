@@ -15,7 +15,7 @@ import torch
 
 from dagrl.batch import Batch, concat
 from dagrl.batch.partition import holds_own_rows
-from dagrl.errors import BatchError
+from dagrl.errors import BatchError, DataBufferRequestError
 from dagrl.local import LocalRedis
 from dagrl_databuffer.client import DataBufferClient
 
@@ -272,6 +272,29 @@ def test_the_last_consumer_deletes_the_edge(client: DataBufferClient, job: str,
     assert client.stats(job).jobs[0].shards == 1
     assert client.delete_step(job, 5) > 0
     assert client.describe_step(job, 5) == [] and job_keys(redis_server, job) == []
+
+
+def test_a_tensor_parallel_consumer_reads_its_share_on_each_of_its_ranks(
+        client: DataBufferClient, job: str, redis_server: LocalRedis) -> None:
+    """dp 2 x tp 2: both ranks of a replica read the same rows, and the edge stays until the
+    fourth reader (the first reader of each share came before its twin)."""
+    batch = rollout("tp", [2, 2, 2, 2])
+    client.put(job, 1, "a->b", 0, batch, producer_size=1)
+    first = client.get(job, 1, "a->b", 0, 2, timeout_s=5, replica=0, replicas=2)
+    second = client.get(job, 1, "a->b", 1, 2, timeout_s=5, replica=0, replicas=2)
+    assert len(client.describe_step(job, 1)) == 1  # two of four readers
+    twin = client.get(job, 1, "a->b", 1, 2, timeout_s=5, replica=1, replicas=2)
+    assert twin.uids == second.uids and len(client.describe_step(job, 1)) == 1
+    assert client.get(job, 1, "a->b", 0, 2, timeout_s=5, replica=1, replicas=2).uids \
+        == first.uids
+    assert client.describe_step(job, 1) == [] and job_keys(redis_server, job) == []
+    assert sorted(first.uids + second.uids) == sorted(batch.uids)
+    client.put(job, 2, "a->b", 0, batch, producer_size=1)
+    client.get(job, 2, "a->b", 0, 2, timeout_s=5, replica=1, replicas=2)
+    with pytest.raises(DataBufferRequestError, match=r"one of 4 readers .* one of 2"):
+        client.get(job, 2, "a->b", 1, 2, timeout_s=5)  # a consumer that forgot its twins
+    with pytest.raises(DataBufferRequestError, match=r"replica rank must be in 0\.\.1"):
+        client.get(job, 2, "a->b", 1, 2, timeout_s=5, replica=2, replicas=2)
 
 
 def test_every_key_has_the_ttl(redis_server: LocalRedis, job: str) -> None:

@@ -235,7 +235,7 @@ def test_callers_must_agree(client: DataBufferClient, job: str) -> None:
     with pytest.raises(DataBufferRequestError, match="expects 4"):
         client.get(job, 0, "a->b", 0, 1, 4, timeout_s=1)
     client.get(job, 0, "a->b", 0, 2, timeout_s=1)
-    with pytest.raises(DataBufferRequestError, match="dp size 2"):
+    with pytest.raises(DataBufferRequestError, match="one of 2 readers"):
         client.get(job, 0, "a->b", 0, 3, timeout_s=1)
 
 

@@ -105,6 +105,17 @@ def test_get_by_groups_over_grpc(remote: DataBufferGrpcClient, job: str) -> None
         remote.get_shard(job, 2, "a->b", 0, 1, timeout_s=5, group_ids={"no-such-group"})
 
 
+def test_both_ranks_of_a_tensor_parallel_consumer_read_over_grpc(
+        remote: DataBufferGrpcClient, job: str) -> None:
+    batch = rollout(4)
+    remote.put_shard(job, 1, "a->b", 0, batch, producer_size=1)
+    first = remote.get_shard(job, 1, "a->b", 0, 1, timeout_s=5, replica=0, replicas=2)
+    assert len(remote.describe_step(job, 1)) == 1  # its twin has not read yet
+    assert remote.get_shard(job, 1, "a->b", 0, 1, timeout_s=5, replica=1,
+                            replicas=2).equals(first)
+    assert remote.describe_step(job, 1) == [] and first.equals(batch)
+
+
 def test_delete_step(remote: DataBufferGrpcClient, job: str) -> None:
     remote.put_shard(job, 1, "a->b", 0, rollout(4), producer_size=1)
     remote.put_shard(job, 1, "a->c", 0, rollout(4), producer_size=1)

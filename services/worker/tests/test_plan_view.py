@@ -83,3 +83,42 @@ def test_one_rank_of_a_tensor_parallel_replica_writes_its_shards() -> None:
     edges = [edge_name("rollout", child) for child in graph.children("rollout")]
     assert edges and stores[0].puts == [(edge, 0) for edge in edges]
     assert stores[1].puts == []
+
+
+class ReadingStore:
+    """A ShardStore that records the reads asked of it and answers each with `rows`."""
+
+    instance_count = 1
+
+    def __init__(self, rows: Batch) -> None:
+        self.rows = rows
+        self.reads: list[dict[str, Any]] = []
+
+    def get(self, job_id: str, step: int, edge: str, dp_rank: int, dp_size: int,
+            **options: Any) -> Batch:
+        self.reads.append({"edge": edge, "dp": (dp_rank, dp_size),
+                           "replica": (options["replica"], options["replicas"])})
+        return self.rows
+
+
+def test_each_rank_of_a_tensor_parallel_consumer_reads_as_its_replica() -> None:
+    """reward on dp 2 x tp 2 (ranks 0-3) after a rollout on dp 4: every rank reads its
+    replica's share and says which of its replica's two readers it is, so the databuffer keeps
+    the edge until the twin of the last share has read too."""
+    graph = load_workflow("grpo")
+    plan = scheduler_pb2.Plan(world_size=4)
+    for node in graph.nodes:
+        tp = 2 if node.node_id == "reward" else 1
+        plan.layouts.add(node_id=node.node_id, dp_size=4 // tp, tp_size=tp, pp_size=1,
+                         ranks=[0, 1, 2, 3])
+    view = PlanView(plan)
+    assert [view.layout("reward").replica_rank(r) for r in range(4)] == [0, 1, 0, 1]
+    rows = Batch(tensors={"responses": torch.zeros(2, 3, dtype=torch.long)},
+                 columns={"uid": ["a", "b"]})
+    reads = []
+    for rank in range(4):
+        store = ReadingStore(rows)
+        EdgeRouter(graph, view, rank, "job", store).inputs(1, "reward")  # type: ignore[arg-type]
+        reads.extend(store.reads)
+    assert reads == [{"edge": "rollout->reward", "dp": (rank // 2, 2), "replica": (rank % 2, 2)}
+                     for rank in range(4)]

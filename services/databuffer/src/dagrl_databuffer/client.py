@@ -103,17 +103,21 @@ class DataBufferClient:
 
     def get(self, job: str, step: int, edge: str, dp_rank: int, dp_size: int,
             producers: int | None = None, *, timeout_s: float = 60.0,
-            homes: Sequence[int] | None = None) -> Batch:
-        """`ShardReader.get`: consumer `dp_rank` of `dp_size`'s part of the edge."""
+            homes: Sequence[int] | None = None, replica: int = 0, replicas: int = 1) -> Batch:
+        """`ShardReader.get`: consumer `dp_rank` of `dp_size`'s part of the edge (read by
+        `replicas` ranks, this one `replica`)."""
         return self.reader.get(job, step, edge, dp_rank, dp_size, producers,
-                               timeout_s=timeout_s, homes=homes)
+                               timeout_s=timeout_s, homes=homes, replica=replica,
+                               replicas=replicas)
 
     def get_groups(self, job: str, step: int, edge: str, group_ids: Collection[str],
                    dp_rank: int, dp_size: int, producers: int | None = None, *,
-                   timeout_s: float = 60.0, homes: Sequence[int] | None = None) -> Batch:
+                   timeout_s: float = 60.0, homes: Sequence[int] | None = None,
+                   replica: int = 0, replicas: int = 1) -> Batch:
         """`ShardReader.get_groups`: the rows of the edge whose group id is in `group_ids`."""
         return self.reader.get_groups(job, step, edge, group_ids, dp_rank, dp_size, producers,
-                                      timeout_s=timeout_s, homes=homes)
+                                      timeout_s=timeout_s, homes=homes, replica=replica,
+                                      replicas=replicas)
 
     def describe_step(self, job: str, step: int) -> list[ShardInfo]:
         """`BufferAdmin.describe_step`: every complete shard of the step, on any instance."""

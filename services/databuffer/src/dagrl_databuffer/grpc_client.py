@@ -68,13 +68,15 @@ class DataBufferGrpcClient:
 
     def get_shard(self, job: str, step: int, edge: str, dp_rank: int, dp_size: int,
                   producers: int = 0, *, timeout_s: float = 60.0,
-                  group_ids: Collection[str] = (), homes: Sequence[int] = ()) -> Batch:
+                  group_ids: Collection[str] = (), homes: Sequence[int] = (),
+                  replica: int = 0, replicas: int = 1) -> Batch:
         """Consumer `dp_rank` of `dp_size`'s part of the edge (see DataBufferClient.get), or
         with `group_ids` exactly those groups (DataBufferClient.get_groups); `homes`: each
-        producer rank's instance."""
+        producer rank's instance; `replica` of `replicas`: this reader of the dp share."""
         request = pb.GetShardRequest(job_id=job, step=step, edge=edge, dp_rank=dp_rank,
                                      dp_size=dp_size, timeout_s=timeout_s, producers=producers,
-                                     group_ids=sorted(group_ids), homes=list(homes))
+                                     group_ids=sorted(group_ids), homes=list(homes),
+                                     replica=replica, replicas=replicas)
         try:
             messages = list(self._get_shard(request, timeout=timeout_s + 60))
         except grpc.RpcError as exc:

@@ -6,7 +6,7 @@ and the multi-key Lua scripts stay valid there.
     dagrl:{job}:usage                                hash  "<step>:<edge>:r<rank>" -> bytes
     dagrl:{job}:<step>:keys                          set   every key the step wrote
     dagrl:{job}:<step>:<edge>:producers              str   producer dp size of the edge
-    dagrl:{job}:<step>:<edge>:readers                hash  consumer dp rank -> dp size
+    dagrl:{job}:<step>:<edge>:readers                hash  reader -> readers (dp x replicas)
     dagrl:{job}:<step>:<edge>:r<rank>:meta           str   JSON ShardMeta, written last
     dagrl:{job}:<step>:<edge>:r<rank>:w<write>:c<i>  str   chunk i of one write of a shard
 

@@ -4,11 +4,12 @@ Wait for every producer's meta and take this consumer's rows from the partition 
 consumer agrees on (`planner`), or the rows of named groups (`get_groups`); fetch only the
 row blocks that hold them, each from its producer's instance; decode, concatenate in
 global row order; then record the read on every instance holding a shard of the edge (one
-Lua script per instance: atomic), and the last of the edge's `dp_size` consumers deletes
-each instance's part. Nothing partial is ever returned as if whole. A get's `timeout_s`
-bounds all of its Redis I/O (`deadline`). This module does not own the partition rule
-(`dagrl.batch.partition`), the shard layout (`shard`), writing (`writer`) or deleting
-whole steps (`admin`).
+Lua script per instance: atomic), and the last of the edge's readers deletes each instance's
+part: `dp_size` consumers, each read by `replicas` ranks where the consuming node is tensor- or
+pipeline-parallel (its ranks of one dp share all read the same rows). Nothing partial is ever
+returned as if whole. A get's `timeout_s` bounds all of its Redis I/O (`deadline`). This
+module does not own the partition rule (`dagrl.batch.partition`), the shard layout (`shard`),
+writing (`writer`) or deleting whole steps (`admin`).
 """
 
 from __future__ import annotations
@@ -36,36 +37,39 @@ class ShardReader:
 
     def get(self, job: str, step: int, edge: str, dp_rank: int, dp_size: int,
             producers: int | None = None, *, timeout_s: float = 60.0,
-            homes: Sequence[int] | None = None) -> Batch:
+            homes: Sequence[int] | None = None, replica: int = 0, replicas: int = 1) -> Batch:
         """Consumer `dp_rank` of `dp_size`'s part of the edge, rows in global order.
 
         Rows are the concatenation of the `producers` shards (None: as many as the producers
         recorded) in producer-rank order, partitioned by token count with groups whole;
         `meta` is the first fetched block's. `homes`: each producer rank's instance (None:
-        all on instance 0). The last consumer to read deletes the edge.
+        all on instance 0). `replica` of `replicas`: this reader among the ranks reading the
+        same dp share (a tensor-parallel consumer's). The last reader deletes the edge.
         """
         keys = K.EdgeKeys(job, step, edge)
-        K.check_rank("consumer", dp_rank, dp_size)
+        reader = _reader(dp_rank, dp_size, replica, replicas)
         with within(timeout_s):  # waiting, fetching and releasing: all of it
             plan = self.planner.plan(job, step, edge, dp_size, producers, timeout_s=timeout_s,
                                      homes=homes)
             batch = self._fetch(keys, plan.metas, plan.partition.rows[dp_rank], homes)
-            self._release(keys, plan.metas, dp_rank, dp_size, homes)
+            self._release(keys, plan.metas, reader, homes)
         return batch
 
     def get_groups(self, job: str, step: int, edge: str, group_ids: Collection[str],
                    dp_rank: int, dp_size: int, producers: int | None = None, *,
-                   timeout_s: float = 60.0, homes: Sequence[int] | None = None) -> Batch:
+                   timeout_s: float = 60.0, homes: Sequence[int] | None = None,
+                   replica: int = 0, replicas: int = 1) -> Batch:
         """The rows of the edge whose group id is one of `group_ids`, in global row order.
 
         For consumers whose rows are fixed by something other than the edge's own partition:
         the next agent of a chain hands its samples back to the ranks that hold their parent
         samples (group ids name the parent). Every wanted group must be present (a missing one
         is lost data: BatchError naming it). The edge is released as consumer `dp_rank` of
-        `dp_size`, like `get`; the consumers together must ask for every group once.
+        `dp_size` (`replica` of `replicas`), like `get`; the consumers together must ask for
+        every group once.
         """
         keys = K.EdgeKeys(job, step, edge)
-        K.check_rank("consumer", dp_rank, dp_size)
+        reader = _reader(dp_rank, dp_size, replica, replicas)
         with within(timeout_s):  # waiting, fetching and releasing: all of it
             metas = self.planner.wait_ready(job, step, edge, producers, timeout_s=timeout_s,
                                             homes=homes)
@@ -83,7 +87,7 @@ class ShardReader:
                     f"the {len(wanted)} groups consumer {dp_rank} of {dp_size} asked for (e.g. "
                     f"{missing[0]!r})")
             batch = self._fetch(keys, metas, rows, homes)
-            self._release(keys, metas, dp_rank, dp_size, homes)
+            self._release(keys, metas, reader, homes)
             return batch
 
     def _fetch(self, keys: K.EdgeKeys, metas: Sequence[ShardMeta], rows: Sequence[int],
@@ -119,16 +123,16 @@ class ShardReader:
                 f"the producers of edge {keys.edge!r} (step {keys.step}, job {keys.job!r}) "
                 f"wrote batches that do not concatenate: {exc}") from exc
 
-    def _release(self, keys: K.EdgeKeys, metas: Sequence[ShardMeta], dp_rank: int,
-                 dp_size: int, homes: Sequence[int] | None) -> None:
-        """Record the read on every instance holding a shard of the edge; the last consumer
-        deletes each instance's part."""
+    def _release(self, keys: K.EdgeKeys, metas: Sequence[ShardMeta],
+                 reader: tuple[int, int], homes: Sequence[int] | None) -> None:
+        """Record the read (reader index, readers) on every instance holding a shard of the
+        edge; the last reader deletes each instance's part."""
         for home, ranks in ranks_by_home(homes or (0,) * len(metas)).items():
             self._release_on(self.instances.stores[home], keys, [metas[rank] for rank in ranks],
-                             dp_rank, dp_size)
+                             reader)
 
     def _release_on(self, store: RedisStore, keys: K.EdgeKeys, metas: Sequence[ShardMeta],
-                    dp_rank: int, dp_size: int) -> None:
+                    reader: tuple[int, int]) -> None:
         edge_keys = [keys.producers]
         for meta in metas:
             edge_keys.append(keys.meta(meta.producer_rank))
@@ -138,8 +142,17 @@ class ShardReader:
         status, value = store.call(
             "record the read", lambda r: store.release_script(
                 keys=[keys.readers, keys.usage, keys.step_index, *edge_keys],
-                args=[dp_rank, dp_size, self.settings.ttl_s, *fields], client=r))
+                args=[*reader, self.settings.ttl_s, *fields], client=r))
         if status == -1:
             raise DataBufferRequestError(
-                f"edge {keys.edge!r} of step {keys.step}: other consumers read it with dp size "
-                f"{value}, this one with {dp_size}; all consumers of an edge must agree")
+                f"edge {keys.edge!r} of step {keys.step}: other consumers read it as one of "
+                f"{value} readers (dp size x replicas), this one as one of {reader[1]}; all "
+                "consumers of an edge must agree")
+
+
+def _reader(dp_rank: int, dp_size: int, replica: int, replicas: int) -> tuple[int, int]:
+    """The read's index among the edge's readers and their count: `replicas` ranks read
+    each of the `dp_size` shares."""
+    K.check_rank("consumer", dp_rank, dp_size)
+    K.check_rank("replica", replica, replicas)
+    return dp_rank * replicas + replica, dp_size * replicas

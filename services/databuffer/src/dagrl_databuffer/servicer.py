@@ -97,14 +97,16 @@ class DataBufferServicer:
         def get() -> list[memoryview]:
             where = (request.job_id, request.step, request.edge)
             homes = list(request.homes) or None
+            replica, replicas = request.replica, request.replicas or 1
             if request.group_ids:
                 batch = self.client.get_groups(
                     *where, list(request.group_ids), request.dp_rank, request.dp_size,
-                    request.producers or None, timeout_s=request.timeout_s, homes=homes)
+                    request.producers or None, timeout_s=request.timeout_s, homes=homes,
+                    replica=replica, replicas=replicas)
             else:
                 batch = self.client.get(*where, request.dp_rank, request.dp_size,
                                         request.producers or None, timeout_s=request.timeout_s,
-                                        homes=homes)
+                                        homes=homes, replica=replica, replicas=replicas)
             return encode_parts(batch)
         parts = _mapped(context, "GetShard", get)
         yield from framed_chunks(GET_CHUNK_TAG, parts, self.grpc_chunk_bytes)

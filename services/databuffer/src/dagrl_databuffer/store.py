@@ -71,9 +71,9 @@ redis.call('EXPIRE', KEYS[2], ARGV[4])
 return {1, after, redis.call('GET', KEYS[5])}
 """
 
-# Record that a consumer read the edge; the last of dp_size consumers deletes it.
-# KEYS: readers, usage, step index, then the edge's keys. ARGV: dp rank, dp size, ttl,
-# usage fields... Returns {0, readers so far}, {1, keys deleted} or {-1, other dp size}.
+# Record that a reader read the edge; the last of its readers (dp size x replicas) deletes it.
+# KEYS: readers, usage, step index, then the edge's keys. ARGV: reader index, readers, ttl,
+# usage fields... Returns {0, readers so far}, {1, keys deleted} or {-1, other readers}.
 RELEASE_LUA = """
 for _, v in ipairs(redis.call('HVALS', KEYS[1])) do
   if v ~= ARGV[2] then return {-1, tonumber(v)} end

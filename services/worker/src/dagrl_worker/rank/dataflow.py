@@ -47,11 +47,13 @@ class ShardStore(Protocol):
 
     def get(self, job: str, step: int, edge: str, dp_rank: int, dp_size: int,
             producers: int | None = None, *, timeout_s: float = 60.0,
-            homes: Sequence[int] | None = None) -> Batch: ...
+            homes: Sequence[int] | None = None, replica: int = 0,
+            replicas: int = 1) -> Batch: ...
 
     def get_groups(self, job: str, step: int, edge: str, group_ids: Collection[str],
                    dp_rank: int, dp_size: int, producers: int | None = None, *,
-                   timeout_s: float = 60.0, homes: Sequence[int] | None = None) -> Batch: ...
+                   timeout_s: float = 60.0, homes: Sequence[int] | None = None,
+                   replica: int = 0, replicas: int = 1) -> Batch: ...
 
 
 def edge_name(producer: str, consumer: str) -> str:
@@ -161,8 +163,11 @@ class EdgeRouter:
 
     def _get(self, step: int, producer: str, consumer: str,
              group_ids: set[str] | None, part: str = "") -> Batch:
-        """This rank's part of a databuffer edge: its dp share, or the groups named."""
+        """This rank's part of a databuffer edge: its dp share, or the groups named. Each
+        of a tensor-parallel consumer's ranks reads its replica's share, and the edge goes
+        once all of them have (not when the first of each share has)."""
         layout = self.plan.layout(consumer)
+        reader = {"replica": layout.replica_rank(self.rank), "replicas": layout.replicas}
         store = self._require_store()
         edge = edge_name(producer, consumer) + part
         producers = self.plan.layout(producer).dp_size
@@ -172,12 +177,12 @@ class EdgeRouter:
             if group_ids is None:
                 shard = store.get(self.job_id, step, edge, layout.dp_rank(self.rank),
                                  layout.dp_size, producers=producers, timeout_s=self.timeout_s,
-                                 homes=homes)
+                                 homes=homes, **reader)
             else:
                 shard = store.get_groups(self.job_id, step, edge, group_ids,
                                         layout.dp_rank(self.rank), layout.dp_size,
                                         producers=producers, timeout_s=self.timeout_s,
-                                        homes=homes)
+                                        homes=homes, **reader)
             span.set_batch_size(len(shard))
         return shard
 

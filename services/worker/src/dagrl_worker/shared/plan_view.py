@@ -31,13 +31,23 @@ class NodeLayout:
     tp_size: int = 1
     pp_size: int = 1
 
+    @property
+    def replicas(self) -> int:
+        """The ranks of one data-parallel replica (tensor x pipeline parallel): each holds
+        the replica's input and output."""
+        return self.tp_size * self.pp_size
+
     def dp_rank(self, rank: int) -> int:
-        return self.ranks.index(rank) // (self.tp_size * self.pp_size)
+        return self.ranks.index(rank) // self.replicas
+
+    def replica_rank(self, rank: int) -> int:
+        """`rank`'s place among its data-parallel replica's ranks."""
+        return self.ranks.index(rank) % self.replicas
 
     def leads_replica(self, rank: int) -> bool:
         """Whether `rank` is the first of its data-parallel replica's tensor/pipeline-parallel
         ranks (each of which holds the replica's output)."""
-        return self.ranks.index(rank) % (self.tp_size * self.pp_size) == 0
+        return self.replica_rank(rank) == 0
 
     def runs_on(self, rank: int) -> bool:
         return rank in self.ranks

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,dagrl/rpc/gen/databuffer/v1/databuffer.proto\x12\x13\x64\x61grl.databuffer.v1\"r\n\x08ShardKey\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0c\n\x04\x65\x64ge\x18\x03 \x01(\t\x12\x15\n\rproducer_rank\x18\x04 \x01(\x05\x12\x15\n\rproducer_size\x18\x05 \x01(\x05\x12\x0c\n\x04home\x18\x06 \x01(\x05\"X\n\x0fPutShardRequest\x12,\n\x03key\x18\x01 \x01(\x0b\x32\x1d.dagrl.databuffer.v1.ShardKeyH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"/\n\x10PutShardResponse\x12\x0c\n\x04rows\x18\x01 \x01(\x03\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\"\xa7\x01\n\x0fGetShardRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0c\n\x04\x65\x64ge\x18\x03 \x01(\t\x12\x0f\n\x07\x64p_rank\x18\x04 \x01(\x05\x12\x0f\n\x07\x64p_size\x18\x05 \x01(\x05\x12\x11\n\ttimeout_s\x18\x06 \x01(\x01\x12\x11\n\tproducers\x18\x07 \x01(\x05\x12\x11\n\tgroup_ids\x18\x08 \x03(\t\x12\r\n\x05homes\x18\t \x03(\x05\"!\n\x10GetShardResponse\x12\r\n\x05\x63hunk\x18\x01 \x01(\x0c\"d\n\tShardInfo\x12*\n\x03key\x18\x01 \x01(\x0b\x32\x1d.dagrl.databuffer.v1.ShardKey\x12\x0c\n\x04rows\x18\x02 \x01(\x03\x12\r\n\x05\x62ytes\x18\x03 \x01(\x03\x12\x0e\n\x06tokens\x18\x04 \x01(\x03\"3\n\x13\x44\x65scribeStepRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\"F\n\x14\x44\x65scribeStepResponse\x12.\n\x06shards\x18\x01 \x03(\x0b\x32\x1e.dagrl.databuffer.v1.ShardInfo\"1\n\x11\x44\x65leteStepRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\"*\n\x12\x44\x65leteStepResponse\x12\x14\n\x0c\x64\x65leted_keys\x18\x01 \x01(\x03\"\x1e\n\x0cStatsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"N\n\x08JobUsage\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\x13\n\x0bquota_bytes\x18\x03 \x01(\x03\x12\x0e\n\x06shards\x18\x04 \x01(\x03\"\x8f\x01\n\rInstanceStats\x12\x11\n\tredis_url\x18\x01 \x01(\t\x12\x1f\n\x17redis_used_memory_bytes\x18\x02 \x01(\x03\x12\x1d\n\x15redis_maxmemory_bytes\x18\x03 \x01(\x03\x12+\n\x04jobs\x18\x04 \x03(\x0b\x32\x1d.dagrl.databuffer.v1.JobUsage\"\xb3\x01\n\rStatsResponse\x12\x1f\n\x17redis_used_memory_bytes\x18\x01 \x01(\x03\x12\x1d\n\x15redis_maxmemory_bytes\x18\x02 \x01(\x03\x12+\n\x04jobs\x18\x03 \x03(\x0b\x32\x1d.dagrl.databuffer.v1.JobUsage\x12\x35\n\tinstances\x18\x04 \x03(\x0b\x32\".dagrl.databuffer.v1.InstanceStats2\xdd\x03\n\x11\x44\x61taBufferService\x12Y\n\x08PutShard\x12$.dagrl.databuffer.v1.PutShardRequest\x1a%.dagrl.databuffer.v1.PutShardResponse(\x01\x12Y\n\x08GetShard\x12$.dagrl.databuffer.v1.GetShardRequest\x1a%.dagrl.databuffer.v1.GetShardResponse0\x01\x12\x63\n\x0c\x44\x65scribeStep\x12(.dagrl.databuffer.v1.DescribeStepRequest\x1a).dagrl.databuffer.v1.DescribeStepResponse\x12]\n\nDeleteStep\x12&.dagrl.databuffer.v1.DeleteStepRequest\x1a\'.dagrl.databuffer.v1.DeleteStepResponse\x12N\n\x05Stats\x12!.dagrl.databuffer.v1.StatsRequest\x1a\".dagrl.databuffer.v1.StatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,dagrl/rpc/gen/databuffer/v1/databuffer.proto\x12\x13\x64\x61grl.databuffer.v1\"r\n\x08ShardKey\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0c\n\x04\x65\x64ge\x18\x03 \x01(\t\x12\x15\n\rproducer_rank\x18\x04 \x01(\x05\x12\x15\n\rproducer_size\x18\x05 \x01(\x05\x12\x0c\n\x04home\x18\x06 \x01(\x05\"X\n\x0fPutShardRequest\x12,\n\x03key\x18\x01 \x01(\x0b\x32\x1d.dagrl.databuffer.v1.ShardKeyH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"/\n\x10PutShardResponse\x12\x0c\n\x04rows\x18\x01 \x01(\x03\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\"\xca\x01\n\x0fGetShardRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0c\n\x04\x65\x64ge\x18\x03 \x01(\t\x12\x0f\n\x07\x64p_rank\x18\x04 \x01(\x05\x12\x0f\n\x07\x64p_size\x18\x05 \x01(\x05\x12\x11\n\ttimeout_s\x18\x06 \x01(\x01\x12\x11\n\tproducers\x18\x07 \x01(\x05\x12\x11\n\tgroup_ids\x18\x08 \x03(\t\x12\r\n\x05homes\x18\t \x03(\x05\x12\x0f\n\x07replica\x18\n \x01(\x05\x12\x10\n\x08replicas\x18\x0b \x01(\x05\"!\n\x10GetShardResponse\x12\r\n\x05\x63hunk\x18\x01 \x01(\x0c\"d\n\tShardInfo\x12*\n\x03key\x18\x01 \x01(\x0b\x32\x1d.dagrl.databuffer.v1.ShardKey\x12\x0c\n\x04rows\x18\x02 \x01(\x03\x12\r\n\x05\x62ytes\x18\x03 \x01(\x03\x12\x0e\n\x06tokens\x18\x04 \x01(\x03\"3\n\x13\x44\x65scribeStepRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\"F\n\x14\x44\x65scribeStepResponse\x12.\n\x06shards\x18\x01 \x03(\x0b\x32\x1e.dagrl.databuffer.v1.ShardInfo\"1\n\x11\x44\x65leteStepRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\"*\n\x12\x44\x65leteStepResponse\x12\x14\n\x0c\x64\x65leted_keys\x18\x01 \x01(\x03\"\x1e\n\x0cStatsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"N\n\x08JobUsage\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\x13\n\x0bquota_bytes\x18\x03 \x01(\x03\x12\x0e\n\x06shards\x18\x04 \x01(\x03\"\x8f\x01\n\rInstanceStats\x12\x11\n\tredis_url\x18\x01 \x01(\t\x12\x1f\n\x17redis_used_memory_bytes\x18\x02 \x01(\x03\x12\x1d\n\x15redis_maxmemory_bytes\x18\x03 \x01(\x03\x12+\n\x04jobs\x18\x04 \x03(\x0b\x32\x1d.dagrl.databuffer.v1.JobUsage\"\xb3\x01\n\rStatsResponse\x12\x1f\n\x17redis_used_memory_bytes\x18\x01 \x01(\x03\x12\x1d\n\x15redis_maxmemory_bytes\x18\x02 \x01(\x03\x12+\n\x04jobs\x18\x03 \x03(\x0b\x32\x1d.dagrl.databuffer.v1.JobUsage\x12\x35\n\tinstances\x18\x04 \x03(\x0b\x32\".dagrl.databuffer.v1.InstanceStats2\xdd\x03\n\x11\x44\x61taBufferService\x12Y\n\x08PutShard\x12$.dagrl.databuffer.v1.PutShardRequest\x1a%.dagrl.databuffer.v1.PutShardResponse(\x01\x12Y\n\x08GetShard\x12$.dagrl.databuffer.v1.GetShardRequest\x1a%.dagrl.databuffer.v1.GetShardResponse0\x01\x12\x63\n\x0c\x44\x65scribeStep\x12(.dagrl.databuffer.v1.DescribeStepRequest\x1a).dagrl.databuffer.v1.DescribeStepResponse\x12]\n\nDeleteStep\x12&.dagrl.databuffer.v1.DeleteStepRequest\x1a\'.dagrl.databuffer.v1.DeleteStepResponse\x12N\n\x05Stats\x12!.dagrl.databuffer.v1.StatsRequest\x1a\".dagrl.databuffer.v1.StatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,27 +38,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PUTSHARDRESPONSE']._serialized_start=275
   _globals['_PUTSHARDRESPONSE']._serialized_end=322
   _globals['_GETSHARDREQUEST']._serialized_start=325
-  _globals['_GETSHARDREQUEST']._serialized_end=492
-  _globals['_GETSHARDRESPONSE']._serialized_start=494
-  _globals['_GETSHARDRESPONSE']._serialized_end=527
-  _globals['_SHARDINFO']._serialized_start=529
-  _globals['_SHARDINFO']._serialized_end=629
-  _globals['_DESCRIBESTEPREQUEST']._serialized_start=631
-  _globals['_DESCRIBESTEPREQUEST']._serialized_end=682
-  _globals['_DESCRIBESTEPRESPONSE']._serialized_start=684
-  _globals['_DESCRIBESTEPRESPONSE']._serialized_end=754
-  _globals['_DELETESTEPREQUEST']._serialized_start=756
-  _globals['_DELETESTEPREQUEST']._serialized_end=805
-  _globals['_DELETESTEPRESPONSE']._serialized_start=807
-  _globals['_DELETESTEPRESPONSE']._serialized_end=849
-  _globals['_STATSREQUEST']._serialized_start=851
-  _globals['_STATSREQUEST']._serialized_end=881
-  _globals['_JOBUSAGE']._serialized_start=883
-  _globals['_JOBUSAGE']._serialized_end=961
-  _globals['_INSTANCESTATS']._serialized_start=964
-  _globals['_INSTANCESTATS']._serialized_end=1107
-  _globals['_STATSRESPONSE']._serialized_start=1110
-  _globals['_STATSRESPONSE']._serialized_end=1289
-  _globals['_DATABUFFERSERVICE']._serialized_start=1292
-  _globals['_DATABUFFERSERVICE']._serialized_end=1769
+  _globals['_GETSHARDREQUEST']._serialized_end=527
+  _globals['_GETSHARDRESPONSE']._serialized_start=529
+  _globals['_GETSHARDRESPONSE']._serialized_end=562
+  _globals['_SHARDINFO']._serialized_start=564
+  _globals['_SHARDINFO']._serialized_end=664
+  _globals['_DESCRIBESTEPREQUEST']._serialized_start=666
+  _globals['_DESCRIBESTEPREQUEST']._serialized_end=717
+  _globals['_DESCRIBESTEPRESPONSE']._serialized_start=719
+  _globals['_DESCRIBESTEPRESPONSE']._serialized_end=789
+  _globals['_DELETESTEPREQUEST']._serialized_start=791
+  _globals['_DELETESTEPREQUEST']._serialized_end=840
+  _globals['_DELETESTEPRESPONSE']._serialized_start=842
+  _globals['_DELETESTEPRESPONSE']._serialized_end=884
+  _globals['_STATSREQUEST']._serialized_start=886
+  _globals['_STATSREQUEST']._serialized_end=916
+  _globals['_JOBUSAGE']._serialized_start=918
+  _globals['_JOBUSAGE']._serialized_end=996
+  _globals['_INSTANCESTATS']._serialized_start=999
+  _globals['_INSTANCESTATS']._serialized_end=1142
+  _globals['_STATSRESPONSE']._serialized_start=1145
+  _globals['_STATSRESPONSE']._serialized_end=1324
+  _globals['_DATABUFFERSERVICE']._serialized_start=1327
+  _globals['_DATABUFFERSERVICE']._serialized_end=1804
 # @@protoc_insertion_point(module_scope)

@@ -119,6 +119,8 @@ class GetShardRequest(_message.Message):
     PRODUCERS_FIELD_NUMBER: _builtins.int
     GROUP_IDS_FIELD_NUMBER: _builtins.int
     HOMES_FIELD_NUMBER: _builtins.int
+    REPLICA_FIELD_NUMBER: _builtins.int
+    REPLICAS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     step: _builtins.int
     edge: _builtins.str
@@ -128,6 +130,11 @@ class GetShardRequest(_message.Message):
     """wait this long for every producer's shard; 0: do not wait"""
     producers: _builtins.int
     """the producer node's dp size; 0: the size the producers recorded"""
+    replica: _builtins.int
+    """This reader among the `replicas` ranks that read the same dp share (a tensor- or
+    pipeline-parallel consumer's ranks); replicas 0 means 1.
+    """
+    replicas: _builtins.int
     @_builtins.property
     def group_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Non-empty: exactly the rows of these groups (each must be present), not this consumer's
@@ -150,10 +157,12 @@ class GetShardRequest(_message.Message):
         producers: _builtins.int = ...,
         group_ids: _abc.Iterable[_builtins.str] | None = ...,
         homes: _abc.Iterable[_builtins.int] | None = ...,
+        replica: _builtins.int = ...,
+        replicas: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dp_rank", b"dp_rank", "dp_size", b"dp_size", "edge", b"edge", "group_ids", b"group_ids", "homes", b"homes", "job_id", b"job_id", "producers", b"producers", "step", b"step", "timeout_s", b"timeout_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dp_rank", b"dp_rank", "dp_size", b"dp_size", "edge", b"edge", "group_ids", b"group_ids", "homes", b"homes", "job_id", b"job_id", "producers", b"producers", "replica", b"replica", "replicas", b"replicas", "step", b"step", "timeout_s", b"timeout_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -74,7 +74,8 @@ class DataBufferServiceServicer:
 
     def GetShard(self, request, context):
         """The consumer's part of an edge (resharded for dp_rank of dp_size) as an encoded Batch
-        in chunks; the edge is deleted once all dp_size consumers have read it. NOT_FOUND when
+        in chunks; the edge is deleted once all dp_size consumers (each share read by `replicas`
+        ranks) have read it. NOT_FOUND when
         the producers' shards are not all written within timeout_s.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

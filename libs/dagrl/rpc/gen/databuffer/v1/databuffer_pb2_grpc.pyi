@@ -39,7 +39,8 @@ class DataBufferServiceStub:
     """
     GetShard: _grpc.UnaryStreamMultiCallable[_databuffer_pb2.GetShardRequest, _databuffer_pb2.GetShardResponse]
     """The consumer's part of an edge (resharded for dp_rank of dp_size) as an encoded Batch
-    in chunks; the edge is deleted once all dp_size consumers have read it. NOT_FOUND when
+    in chunks; the edge is deleted once all dp_size consumers (each share read by `replicas`
+    ranks) have read it. NOT_FOUND when
     the producers' shards are not all written within timeout_s.
     """
     DescribeStep: _grpc.UnaryUnaryMultiCallable[_databuffer_pb2.DescribeStepRequest, _databuffer_pb2.DescribeStepResponse]
@@ -58,7 +59,8 @@ class DataBufferServiceAsyncStub(DataBufferServiceStub):
     """
     GetShard: _aio.UnaryStreamMultiCallable[_databuffer_pb2.GetShardRequest, _databuffer_pb2.GetShardResponse]  # type: ignore[assignment]
     """The consumer's part of an edge (resharded for dp_rank of dp_size) as an encoded Batch
-    in chunks; the edge is deleted once all dp_size consumers have read it. NOT_FOUND when
+    in chunks; the edge is deleted once all dp_size consumers (each share read by `replicas`
+    ranks) have read it. NOT_FOUND when
     the producers' shards are not all written within timeout_s.
     """
     DescribeStep: _aio.UnaryUnaryMultiCallable[_databuffer_pb2.DescribeStepRequest, _databuffer_pb2.DescribeStepResponse]  # type: ignore[assignment]
@@ -86,7 +88,8 @@ class DataBufferServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_databuffer_pb2.GetShardResponse], _abc.AsyncIterator[_databuffer_pb2.GetShardResponse]]:
         """The consumer's part of an edge (resharded for dp_rank of dp_size) as an encoded Batch
-        in chunks; the edge is deleted once all dp_size consumers have read it. NOT_FOUND when
+        in chunks; the edge is deleted once all dp_size consumers (each share read by `replicas`
+        ranks) have read it. NOT_FOUND when
         the producers' shards are not all written within timeout_s.
         """
 
