@@ -8,6 +8,7 @@ rank that waits on a peer which never finishes gives up with the reason."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import zlib
 from collections.abc import Iterator
@@ -156,6 +157,67 @@ def test_each_offered_group_is_claimed_once_and_its_bytes_come_back(
     board.finish("job", "rollout/1", 1)
     assert board.finished("job", "rollout/1") == {1}
     assert board.finished("job", "rollout/2") == set()
+
+
+class ReplyDroppingProxy:
+    """A TCP relay to Redis that, once armed, passes the next claim on (its script, or a
+    plain LPOP), swallows Redis's reply and closes the client's connection: a reply lost after
+    the command ran."""
+
+    commands = (b"EVALSHA", b"LPOP")
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.armed = threading.Event()
+        self.dropped = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            threading.Thread(target=self._relay, args=(client, upstream), daemon=True).start()
+
+    def _relay(self, client: socket.socket, upstream: socket.socket) -> None:
+        with client, upstream:
+            while data := client.recv(65536):
+                upstream.sendall(data)
+                reply = upstream.recv(65536)
+                if self.armed.is_set() and any(c in data.upper() for c in self.commands):
+                    self.armed.clear()
+                    self.dropped.set()
+                    return  # the command ran; its reply never reaches the client
+                client.sendall(reply)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_claim_whose_reply_was_lost_gets_the_same_group_on_its_retry(
+        private_redis: LocalRedis) -> None:
+    """The store retries a call whose connection broke; the retried claim must not take a
+    second group while the first, popped for the lost reply, vanishes."""
+    proxy = ReplyDroppingProxy(private_redis.port)
+    offered = {f"g{i}": _expected(_prompts(0, 1)) for i in range(2)}
+    relayed_url = private_redis.url.replace(f":{private_redis.port}/", f":{proxy.port}/")
+    with DataBufferClient(relayed_url) as relayed:
+        board = relayed.handoffs
+        assert board.claim("job", "warm-up", 0) is None  # the script loaded, nothing offered
+        board.offer("job", "rollout/1", 0, offered)
+        proxy.armed.set()
+        first = board.claim("job", "rollout/1", 0)
+        assert proxy.dropped.is_set()  # the first attempt's reply was lost
+        second = board.claim("job", "rollout/1", 0)
+        assert board.claim("job", "rollout/1", 0) is None
+    proxy.close()
+    assert first is not None and second is not None
+    assert [first[0], second[0]] == ["g0", "g1"]  # each group claimed, none lost
+    assert first[1].equals(offered["g0"])
 
 
 def test_a_peer_continues_the_groups_of_a_rank_whose_engine_was_lost(

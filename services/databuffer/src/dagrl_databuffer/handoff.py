@@ -1,9 +1,9 @@
 """Work handed between the rollout ranks of one node while one of them rebuilds its engine.
 
 A rank whose engine process died offers its unfinished groups (a prompt's samples with the
-tokens they have, as a Batch) on the board; any rank of the node claims one (an atomic
-`LPOP`: each group is claimed once, by a peer or by its owner taking it back once its new
-engine runs), generates it to the end and delivers it; the owner collects what was
+tokens they have, as a Batch) on the board; any rank of the node claims one (an atomic pop:
+each group is claimed once, by a peer or by its owner taking it back once its new engine
+runs), generates it to the end and delivers it; the owner collects what was
 delivered. A rank marks itself finished once its own groups are all complete, and its
 peers keep serving offers until every rank of the node is finished (`finished`).
 
@@ -14,12 +14,19 @@ peers keep serving offers until every rank of the node is finished (`finished`).
     board.collect(job, round, [group_id, ...])       # {group id: samples} delivered so far
     board.finish(job, round, rank); board.finished(job, round)
 
+A claim survives a lost reply: the store retries a call whose connection failed, and a
+retried plain `LPOP` would take a second group while the first, popped for a reply that never
+came, is lost (its owner waits for it until its timeout). Each claim carries a token of its
+own and the pop records which group the token took (`CLAIM_LUA`, atomic), so the retry gets
+the same group back.
+
 Payloads go through the Batch codec (`dagrl.batch.codec`): nothing is unpickled. Keys are
 `keys.HandoffKeys`; they expire `keys.HANDOFF_TTL_S` after their last write.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Collection, Mapping
 from typing import Any, cast
 
@@ -31,12 +38,25 @@ from dagrl.errors import DataBufferError
 from dagrl_databuffer.keys import HANDOFF_TTL_S, HandoffKeys
 from dagrl_databuffer.store import RedisStore
 
+# The group claim token ARGV[1] took (KEYS[2], hash token -> group), else the next one open on
+# KEYS[1], recorded under the token. ARGV[2]: the TTL. Returns the group id or nil.
+CLAIM_LUA = """
+local taken = redis.call('HGET', KEYS[2], ARGV[1])
+if taken then return taken end
+local group = redis.call('LPOP', KEYS[1])
+if not group then return nil end
+redis.call('HSET', KEYS[2], ARGV[1], group)
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+return group
+"""
+
 
 class HandoffBoard:
     """One Redis instance's board (a job's first instance: every rank of a node reaches it)."""
 
     def __init__(self, store: RedisStore) -> None:
         self.store = store
+        self.claim_script = store.redis.register_script(CLAIM_LUA)
 
     def offer(self, job: str, round: str, owner: int, groups: Mapping[str, Batch]) -> None:
         """Offer `groups` (group id -> its samples) of rank `owner` to whoever claims them."""
@@ -55,12 +75,15 @@ class HandoffBoard:
 
         self.store.call(f"offer {len(groups)} group(s) of rank {owner}", write)
 
-    def claim(self, job: str, round: str, owner: int) -> tuple[str, Batch] | None:
+    def claim(self, job: str, round: str, owner: int,
+              token: str | None = None) -> tuple[str, Batch] | None:
         """One group rank `owner` offered, taken off the board (no other call gets it), or
-        None when it offers none now."""
+        None when it offers none now. `token` names the claim (a fresh one when None): a
+        claim with a token that took a group before gets that group again."""
         keys = HandoffKeys(job, round)
-        group = self.store.call(f"claim a group of rank {owner}",
-                                lambda r: r.lpop(keys.open(owner)))
+        token = token or uuid.uuid4().hex
+        group = self.store.call(f"claim a group of rank {owner}", lambda r: self.claim_script(
+            keys=[keys.open(owner), keys.claims], args=[token, HANDOFF_TTL_S], client=r))
         if group is None:
             return None
         name = group.decode() if isinstance(group, bytes) else str(group)

@@ -14,6 +14,7 @@ and the multi-key Lua scripts stay valid there.
     dagrl:{job}:handoff:<round>:work                 hash  group id -> its samples, offered
     dagrl:{job}:handoff:<round>:done                 hash  group id -> its samples, finished
     dagrl:{job}:handoff:<round>:finished             set   ranks whose own groups are complete
+    dagrl:{job}:handoff:<round>:claims               hash  claim token -> the group it took
 
 The usage hash is the per-job quota ledger; the step set is what DeleteStep removes; the
 write id in chunk keys lets a re-put of a shard write new chunks next to the old ones and
@@ -202,3 +203,8 @@ class HandoffKeys:
     @property
     def finished(self) -> str:
         return f"{self.base}:finished"
+
+    @property
+    def claims(self) -> str:
+        """hash: claim token -> the group that claim took (a retried claim gets it again)."""
+        return f"{self.base}:claims"
