@@ -277,6 +277,7 @@ def check_planned_job(config: JobConfig, graph: TaskGraph, layouts: Mapping[str,
     ConfigError listing every problem."""
     problems = [*job_problems(config, graph), *redraw_problems(graph, layouts),
                 *model_parallel_problems(layouts, nodes, on_gpu=on_gpu),
+                *advantage_parallel_problems(graph, layouts),
                 *engine_tensor_parallel_problems(config, graph, layouts),
                 *engine_memory_problems(config, graph, layouts, on_gpu=on_gpu)]
     if problems:
@@ -360,6 +361,19 @@ def engine_memory_problems(config: JobConfig, graph: TaskGraph,
             f"{engines} agents, each asking for that share of the GPU when it starts: set it "
             f"below {1 / engines:.2g} (leaving room for the models trained there), or place the "
             "agents apart (workflow.agent_placement: spread)"]
+
+
+def advantage_parallel_problems(graph: TaskGraph,
+                                layouts: Mapping[str, PlannedLayout]) -> list[str]:
+    """An ADVANTAGE node holds no model, and its statistics (whitening, the adaptive KL
+    controller's KL) sum each rank's share once: tp_size x pp_size > 1 would count a share on
+    each of its ranks."""
+    split = sorted(n.node_id for n in graph.nodes if n.node_id in layouts
+                   and executor_kind(n) == ExecutorKind.ADVANTAGE
+                   and layouts[n.node_id].tp_size * layouts[n.node_id].pp_size > 1)
+    return [f"the plan gives advantage node {node_id!r} tp_size x pp_size > 1; it holds no "
+            "model to shard and sums its statistics over its ranks, each holding a share "
+            "once: remove tp_size/pp_size from its config" for node_id in split]
 
 
 def model_parallel_problems(layouts: Mapping[str, PlannedLayout], nodes: Iterable[str], *,

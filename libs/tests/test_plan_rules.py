@@ -11,6 +11,7 @@ import yaml
 from dagrl.config import load_job_config
 from dagrl.errors import ConfigError
 from dagrl.job_rules import (
+    advantage_parallel_problems,
     check_planned_job,
     engine_memory_problems,
     engine_tensor_parallel_problems,
@@ -47,6 +48,19 @@ def test_tensor_parallel_layouts_are_refused_on_cpu_only() -> None:
     assert "'rollout' tp_size x pp_size > 1" in problem and "on CPU" in problem
     assert model_parallel_problems(planned, ["rollout"], on_gpu=True) == []
     assert model_parallel_problems(planned, ["actor_train"], on_gpu=False) == []  # not this rank's
+
+
+def test_an_advantage_node_is_not_split_over_tensor_parallel_ranks() -> None:
+    """Its statistics sum each rank's share once: on GPU too, tp 2 would count each twice."""
+    grpo = load_workflow("grpo")
+    planned = {n.node_id: Layout((0, 1, 2, 3)) for n in grpo.nodes}
+    assert advantage_parallel_problems(grpo, planned) == []
+    planned["advantage"] = Layout((0, 1, 2, 3), tp_size=2)
+    (problem,) = advantage_parallel_problems(grpo, planned)
+    assert problem.startswith("the plan gives advantage node 'advantage' tp_size x pp_size > 1")
+    config = load_job_config(data={"actor_rollout_ref": {"model": {"path": "/m"}}})
+    with pytest.raises(ConfigError, match="advantage node 'advantage'"):
+        check_planned_job(config, grpo, planned, ["rollout"], on_gpu=True)
 
 
 def test_vllm_tensor_parallel_engines_need_whole_blocks_of_ranks_that_draw_alike() -> None:

@@ -108,6 +108,10 @@ def _rank(rank: int, port: int, results: dict) -> None:
         outcome[name, "rows"] = rows
         for estimator in ESTIMATORS:
             outcome[name, estimator] = advantage_pass(estimator, batch.select(rows), dp, rank)
+        if name == "split":  # one share empty (a streamed step's late wave, say)
+            rows = list(range(ROWS)) if dp.rank else []
+            outcome["lopsided", "rows"] = rows
+            outcome["lopsided", "gae"] = advantage_pass("gae", batch.select(rows), dp, rank)
     results[rank] = outcome
 
 
@@ -131,5 +135,11 @@ def test_an_advantage_node_on_several_ranks_whitens_and_adapts_over_the_whole_ba
                 assert mine["kl_coef"] == pytest.approx(whole["kl_coef"], rel=1e-9)
                 assert mine["explained_var"] == pytest.approx(whole["explained_var"],
                                                               abs=1e-5)
+    whole = alone["gae"]
+    for rank in (1, 2):  # rank 1 held nothing: its coefficient is the whole batch's, not NaN
+        mine = results[rank]["lopsided", "gae"]
+        rows = results[rank]["lopsided", "rows"]
+        assert torch.allclose(mine["advantages"], whole["advantages"][rows], atol=1e-5)
+        assert mine["kl_coef"] == pytest.approx(whole["kl_coef"], rel=1e-9)
     # the coefficient moved: the batch's KL is far above the target
     assert alone["gae"]["kl_coef"] > ADAPTIVE_KL["kl_coef"]

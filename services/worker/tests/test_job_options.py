@@ -33,6 +33,7 @@ from dagrl_worker.rank.executors.compute import (
     DynamicSamplingExecutor,
 )
 from dagrl_worker.rank.prompts import PromptSource
+from dagrl_worker.rank.rank_parts import kl_controller
 from dagrl_worker.shared.metrics import MetricSink
 from dagrl_worker.shared.plan_view import colocated_plan
 from dagrl_worker.shared.spec import WorkerSpec
@@ -248,3 +249,21 @@ def test_val_batch_size_is_the_validation_chunk(tiny_checkpoint: Path, tmp_path:
         results[size] = chunks, worker.validate(0)
     assert results[None][0] == [8] and results[3][0] == [2, 3, 3]
     assert results[3][1]["val/arith/accuracy"] == results[None][1]["val/arith/accuracy"]
+
+
+def test_an_empty_share_leaves_the_adaptive_kl_coefficient_as_it_was() -> None:
+    """No samples, no KL to adapt to (their mean would be NaN, and the coefficient with it)."""
+    config = load_job_config(data={"algorithm": {
+        "adv_estimator": "grpo", "use_kl_in_reward": True,
+        "kl_ctrl": {"type": "adaptive", "kl_coef": 0.1, "target_kl": 0.01, "horizon": 10}},
+        "actor_rollout_ref": {"rollout": {"n": 3}}})
+    ctx = StepContext(step=1, rank=0, config=config, sink=MetricSink(),
+                      kl_controller=kl_controller(config))
+    empty = Batch(tensors={name: torch.zeros(0, 3) for name in
+                           ("token_level_scores", "old_log_probs", "ref_log_probs")}
+                  | {"response_mask": torch.zeros(0, 3, dtype=torch.long)},
+                  columns={"uid": [], "group_id": []})
+    executor = AdvantageExecutor("advantage", "grpo", AdvantageSettings.of(config.algorithm),
+                                 read_options(config))
+    assert len(executor.run(empty, ctx)) == 0
+    assert ctx.kl_controller.value == 0.1

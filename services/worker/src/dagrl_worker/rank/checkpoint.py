@@ -227,8 +227,9 @@ def check_saved_plan(folder: Path, plan: PlanView) -> None:
         "(its share of sharded optimizer states, the samples its rollout carried) belongs to "
         "its place in that plan. Resume with the resources and workflow it was saved under, "
         "or start afresh from its weights: actor_rollout_ref.model.path="
-        f"{folder}/agent0/actor with trainer.resume_mode=disable (the optimizer state and the "
-        "prompt position start over)")
+        f"{folder}/agent0/actor with trainer.resume_mode=disable (agent g's policy is in "
+        "agent<g>/actor, a critic in agent<g>/critic; the optimizer state and the prompt "
+        "position start over)")
 
 
 def _plan_changes(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:

@@ -79,7 +79,9 @@ class AdvantageExecutor:
             ctx.sink.add(telemetry.KEY_REWARD_KL_PENALTY, float(mean_kl), Reduce.MEAN,
                          weight=len(batch))
             ctx.sink.add(telemetry.KEY_REWARD_KL_PENALTY_COEFF, ctx.kl_controller.value, Reduce.MAX)
-            ctx.kl_controller.update(*_batch_kl(float(mean_kl), len(batch), ctx.dp))
+            batch_kl, samples = _batch_kl(float(mean_kl), len(batch), ctx.dp)
+            if samples:  # an empty share's mean KL is NaN, and so would the coefficient be
+                ctx.kl_controller.update(batch_kl, samples)
         across = ctx.dp.summed if ctx.dp.is_distributed else None
         inputs = AdvantageInputs(
             token_level_rewards=rewards, response_mask=mask,
@@ -106,7 +108,7 @@ def _batch_kl(mean_kl: float, samples: int, dp: DataParallel) -> tuple[float, in
     """The mean KL over the whole batch and its sample count, from this rank's share's."""
     if not dp.is_distributed:
         return mean_kl, samples
-    kl_total, total = dp.sum(mean_kl * samples, samples)
+    kl_total, total = dp.sum(mean_kl * samples if samples else 0.0, samples)
     return kl_total / max(total, 1.0), int(total)
 
 
