@@ -1,18 +1,18 @@
 """Masked reductions over token tensors: the one place that decides how a mask is applied.
 
 Owns `masked_sum`, `masked_mean`, `masked_var` and `masked_whiten`, which every estimator and
-loss in `dagrl.algorithms` builds on, and `explained_variance`, the critic's fit.
-
-A batch spread over several ranks (each holding a share) has statistics of the whole batch when
-the caller passes `across`: a function that sums a tensor elementwise over the ranks (an
-all-reduce; `dagrl_worker`'s `DataParallel.summed`). The mean, the variance and the count are
-then the whole batch's, to float rounding, and every rank whitens its share with them; this
-module stays free of distributed code. A mask is 1
+loss in `dagrl.algorithms` builds on, and `explained_variance`, the critic's fit. A mask is 1
 (or True) where a token counts and 0 where it does not; float masks act as weights. Values
 outside the mask never reach a result, not even NaN or inf, because they are replaced by zero
 before they are multiplied. (Gradients stay clean for any finite masked value; a NaN fed into
 arithmetic before the mask still poisons autograd, as always with `torch.where`.) Does not own
 how losses are averaged over sequences (`agg_loss`).
+
+A batch spread over several ranks (each holding a share) has statistics of the whole batch when
+the caller passes `across`: a function that sums a tensor elementwise over the ranks (an
+all-reduce; `dagrl_worker`'s `DataParallel.summed`). The mean, the variance and the count are
+then the whole batch's, to float rounding, and every rank whitens its share with them; this
+module stays free of distributed code.
 """
 
 from __future__ import annotations

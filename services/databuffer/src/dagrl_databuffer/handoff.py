@@ -75,13 +75,11 @@ class HandoffBoard:
 
         self.store.call(f"offer {len(groups)} group(s) of rank {owner}", write)
 
-    def claim(self, job: str, round: str, owner: int,
-              token: str | None = None) -> tuple[str, Batch] | None:
+    def claim(self, job: str, round: str, owner: int) -> tuple[str, Batch] | None:
         """One group rank `owner` offered, taken off the board (no other call gets it), or
-        None when it offers none now. `token` names the claim (a fresh one when None): a
-        claim with a token that took a group before gets that group again."""
+        None when it offers none now; a retry after a lost reply gets the same group."""
         keys = HandoffKeys(job, round)
-        token = token or uuid.uuid4().hex
+        token = uuid.uuid4().hex  # this claim's, the same in each retry of the call
         group = self.store.call(f"claim a group of rank {owner}", lambda r: self.claim_script(
             keys=[keys.open(owner), keys.claims], args=[token, HANDOFF_TTL_S], client=r))
         if group is None:

@@ -53,8 +53,7 @@ class GraphRunner:
     def __init__(self, rank_graph: RankGraph, config: JobConfig, executors: dict[str, Executor],
                  models: dict[int, AgentModels], prompts: PromptSource,
                  policy: PolicyVersions, device: RankDevice,
-                 kl_controller: KLController,
-                 spread: Callable[[str], DataParallel] = lambda node_id: DataParallel()) -> None:
+                 kl_controller: KLController, spread: Callable[[str], DataParallel]) -> None:
         self.where, self.graph, self.rank = rank_graph, rank_graph.graph, rank_graph.rank
         self.config = config
         self.executors = executors  # node id -> executor; tests may swap one in place
