@@ -6,13 +6,16 @@ The template autoescapes: titles and values may hold metric keys from any proces
 reaches the SVG unescaped. Each chart is `svg#curve-<chart_id>` with one `polyline.curve`.
 
 Any finite values draw: positions are computed from halves (`y/2 - lo/2`), so a span such as
--1e308..1e308, which overflows to inf, never yields `nan` coordinates. A long run is
+-1e308..1e308, which overflows to inf, never yields `nan` coordinates. Points with a NaN or
+infinite step or value (a loss that diverged) are left out, as if not reported: one would
+make every coordinate `nan` and the curve vanish. A long run is
 downsampled to at most `MAX_POINTS` points, keeping each bucket's lowest and highest value (so
 a spike stays visible): 300 000 steps make a page of kilobytes, not of 95 MB.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
 import jinja2
@@ -51,10 +54,12 @@ points="{{ points | map(attribute='xy') | join(' ') }}"/>
 
 def line_chart_svg(chart_id: str, title: str, points: Sequence[tuple[float, float]],
                    unit: str = "") -> Markup:
-    """A small line chart of (step, value) points, min and max labelled."""
+    """A small line chart of (step, value) points, min and max labelled; points that are not
+    finite are left out."""
     width, height, pad = 300, 160, 34
     frame = {"chart_id": chart_id, "title": title, "unit": unit, "width": width,
              "height": height, "pad": pad}
+    points = [(x, y) for x, y in points if math.isfinite(x) and math.isfinite(y)]
     if not points:
         return Markup(_LINE_CHART.render(points=[], **frame).strip())
     points = downsample(points, MAX_POINTS)

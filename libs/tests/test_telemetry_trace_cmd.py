@@ -7,6 +7,8 @@ import argparse
 import pytest
 
 from dagrl.cli import trace_cmd
+from dagrl.cli.main import main
+from dagrl.errors import InvalidInputError
 from dagrl.rpc.gen.metrics.v1 import metrics_pb2
 
 
@@ -81,3 +83,12 @@ def test_parser_wiring(monkeypatch: pytest.MonkeyPatch) -> None:
     assert args.run is trace_cmd.run
     args = parser.parse_args(["trace", "job-7", "--step", "3", "--metrics-address", "h:1"])
     assert (args.step, args.metrics_address) == (3, "h:1")
+
+
+@pytest.mark.parametrize("step", [2**63, -(2**63) - 1, 10**30])
+def test_a_step_out_of_int64_range_is_a_clear_error(step: int,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(InvalidInputError, match=rf"--step {step} is out of range"):
+        trace_cmd.fetch_step_summary("127.0.0.1:1", "job-7", step)
+    assert main(["trace", "job-7", "--step", str(step), "--metrics-address", "127.0.0.1:1"]) == 2
+    assert "is out of range: a step number is a 64-bit integer" in capsys.readouterr().err

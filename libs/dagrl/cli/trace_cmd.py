@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 
-from dagrl.errors import UnavailableError
+from dagrl.errors import InvalidInputError, UnavailableError
 from dagrl.rpc.gen.metrics.v1 import metrics_pb2, metrics_pb2_grpc
 from dagrl.rpc.status import error_from_rpc
 
@@ -21,6 +21,7 @@ DEFAULT_ADDRESS = "127.0.0.1:50053"
 ADDRESS_ENV = "DAGRL_METRICS_ADDRESS"
 _MAX_RANK_COLUMNS = 8
 _TIMEOUT_S = 10.0
+_STEP_MIN, _STEP_MAX = -(2**63), 2**63 - 1  # the request's step is an int64
 
 
 def add_parser(subparsers: Any) -> None:
@@ -47,6 +48,11 @@ def fetch_step_summary(address: str, job_id: str, step: int | None) -> metrics_p
     """GetStepSummary; a failed call raises the matching DagrlError with the server's text."""
     request = metrics_pb2.GetStepSummaryRequest(job_id=job_id)
     if step is not None:
+        if not _STEP_MIN <= step <= _STEP_MAX:
+            raise InvalidInputError(
+                f"--step {step} is out of range: a step number is a 64-bit integer "
+                f"({_STEP_MIN}..{_STEP_MAX}); pass a step the job has run, or leave --step "
+                "out for the latest")
         request.step = step
     with grpc.insecure_channel(address) as channel:
         stub = metrics_pb2_grpc.MetricsQueryServiceStub(channel)

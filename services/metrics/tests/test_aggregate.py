@@ -3,6 +3,7 @@ critical path, wall time, throughput, MFU and step metrics."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -152,3 +153,34 @@ def test_topological_order_breaks_ties_by_start_then_name() -> None:
     deps = {"x": (), "b": ("x",), "a": ("x",)}
     assert topological_order(deps, {}) == ["x", "a", "b"]
     assert topological_order(deps, {"b": 1, "a": 2}) == ["x", "b", "a"]
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan, 1e30, -5, "abc", True])
+def test_a_count_that_is_no_finite_int64_counts_as_zero(bad: object) -> None:
+    spans = four_rank_step()
+    for key in (names.ATTR_TOKENS, names.ATTR_BYTES, names.ATTR_FLOPS, names.ATTR_PEAK_FLOPS):
+        spans.append(span(names.SPAN_STEP, "r9", "root", 0.0, 1.0, **{
+            names.ATTR_RANK: 9, key: bad}))
+        spans.append(span("x.phase", f"p-{key}", "r0-train", 0.0, 0.1, **{key: bad}))
+    summary = summarize("job", 7, spans)
+    assert summary.tokens == 500 and summary.bytes_moved == 4000
+    assert summary.mfu == pytest.approx(4e12 / (2.5 * 4e12))
+    assert next(r for r in summary.rank_steps if r.rank == 9).tokens == 0
+
+
+def test_counts_stop_at_the_int64_maximum() -> None:
+    huge = 2**62
+    spans = [span(names.SPAN_STEP, f"r{r}", "", 0.0, 1.0, **{
+        names.ATTR_RANK: r, names.ATTR_TOKENS: huge}) for r in range(3)]
+    assert summarize("job", 7, spans).tokens == 2**63 - 1
+
+
+def test_ranks_and_rank_counts_out_of_int32_range_are_ignored() -> None:
+    spans = [span(names.SPAN_STEP, "root", "", 0.0, 2.0, **{names.ATTR_NUM_RANKS: 2**40}),
+             span(names.SPAN_STEP, "r0", "root", 0.0, 1.0, **{names.ATTR_RANK: 0}),
+             span(names.SPAN_STEP, "rx", "root", 0.0, 1.0, **{names.ATTR_RANK: 2**40}),
+             span("node/a", "n", "r0", 0.0, 0.5, **{names.ATTR_RANK: math.nan})]
+    summary = summarize("job", 7, spans)
+    assert [r.rank for r in summary.rank_steps] == [0]
+    assert summary.wall_time_s == pytest.approx(2.0)  # the driver's span, not the bad rank's
+    assert summary.num_ranks == 1  # rank 0 (the node span's NaN rank counts as rank 0)

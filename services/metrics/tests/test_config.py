@@ -36,3 +36,10 @@ def test_every_bad_value_is_reported() -> None:
         MetricsConfig(http_port=70000, step_settle_s=0, max_jobs=0)
     assert len(caught.value.problems) == 3
     assert "http_port=70000" in str(caught.value)
+
+
+def test_the_grace_without_a_driver_span_is_read_and_checked() -> None:
+    config = MetricsConfig.from_env({"DAGRL_METRICS_STEP_GRACE_S": "120"})
+    assert (config.step_settle_s, config.step_grace_s) == (3.0, 120.0)
+    with pytest.raises(ConfigError, match=r"step_grace_s=1.0: must be >= step_settle_s \(3.0 s\)"):
+        MetricsConfig(step_grace_s=1.0)

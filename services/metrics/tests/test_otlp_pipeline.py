@@ -3,11 +3,13 @@ what the receiver sees is what the worker emitted (no network)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import pytest
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -62,3 +64,29 @@ def test_spans_and_metrics_survive_the_otlp_encoding() -> None:
     node_points = [p for p in points if p.name == names.METRIC_NODE_DURATION]
     assert {p.attributes[names.ATTR_NODE_ID] for p in node_points} == {"rollout", "reward"}
     assert all(p.attributes[names.RESOURCE_RANK] == 1 for p in node_points)
+
+
+@pytest.mark.parametrize("bad_step", [math.nan, math.inf, 1e30, "7"])
+def test_a_span_whose_step_is_no_int64_has_no_step(bad_step: object) -> None:
+    """The store drops a span without a step (and counts it); the rest of its batch stays."""
+    exporter = InMemorySpanExporter()
+    telemetry.setup_with_exporters("dagrl-worker", "job", 0,
+                                   span_processor=SimpleSpanProcessor(exporter),
+                                   metric_reader=InMemoryMetricReader())
+    with telemetry.step_span(3, "job", attrs={names.ATTR_STEP: bad_step}):
+        pass
+    with telemetry.step_span(4, "job"):
+        pass
+    records = spans_from_request(encode_spans(exporter.get_finished_spans()))
+    assert [r.step for r in records] == [None, 4]
+
+
+def test_timestamps_beyond_int64_are_clamped() -> None:
+    request = trace_service_pb2.ExportTraceServiceRequest()
+    spans = request.resource_spans.add().scope_spans.add().spans
+    spans.add(name=names.SPAN_STEP, trace_id=b"t" * 16, span_id=b"s" * 8,
+              start_time_unix_nano=2**64 - 2, end_time_unix_nano=2**64 - 1).attributes.add(
+        key=names.ATTR_STEP).value.int_value = 1
+    record = spans_from_request(request)[0]
+    assert record.start_ns == record.end_ns == 2**63 - 1
+    assert summarize("job", 1, [record]).start_unix_ns == 2**63 - 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from dagrl.rpc.gen.metrics.v1 import metrics_pb2
 from dagrl.telemetry import names
 from dagrl_metrics.otlp import MetricPoint
@@ -77,3 +79,49 @@ def test_latest_step_summary_becomes_gauges() -> None:
     assert f'{names.PROM_NODE_MAX}{{job_id="j",node_id="rollout"}} 1.0' in text
     assert f'{names.PROM_STEP_METRIC}{{job_id="j",name="critic/score/mean"}} 0.5' in text
     assert names.PROM_STEP_MFU not in text  # MFU unknown: no sample
+
+
+def parsed(text: str) -> dict[str, str]:
+    """Family name -> type, through Prometheus' own parser: raises on invalid exposition."""
+    return {f.name: f.type for f in text_string_to_metric_families(text)}
+
+
+def test_points_that_make_no_valid_family_are_dropped_and_counted() -> None:
+    series = SeriesStore()
+    series.add([point("", "gauge", value=1), point("9lives", "gauge", value=1),
+                point("...", "gauge", value=1),
+                point(names.PROM_STEP_WALL_TIME, "gauge", value=1),  # the service's own
+                point("ok", "gauge", value=2)])
+    text = render(series)
+    assert parsed(text)["ok"] == "gauge"
+    assert series.points_dropped == 4
+    assert names.PROM_STEP_WALL_TIME not in text
+
+
+def test_label_keys_are_made_valid_or_left_out() -> None:
+    series = SeriesStore()
+    series.add([point("weird", "gauge", value=1,
+                      attrs={"": "x", "__name__": "y", "1st": "z", "a-b.c": "w"})])
+    text = render(series)
+    assert 'weird{a_b_c="w",job_id="j",rank="1",service_name="dagrl-worker"} 1.0' in text
+    parsed(text)
+
+
+def test_one_name_is_one_family_of_the_first_kind() -> None:
+    series = SeriesStore()
+    series.add([point("twice", "counter", value=3)])
+    series.add([point("twice", "gauge", value=5, attrs={"k": "v"}),
+                point("twice", "histogram", bounds=(1.0,), bucket_counts=(1, 0), count=1)])
+    text = render(series)
+    assert parsed(text)["twice"] == "counter"
+    assert "twice_total" in text and 'k="v"' not in text and "twice_bucket" not in text
+    assert series.points_dropped == 2
+
+
+def test_a_point_attribute_never_overwrites_a_resource_label() -> None:
+    resource = {"service.name": "dagrl-worker", "dagrl.rank": 1}
+    series = SeriesStore()
+    series.add([MetricPoint(name="m", unit="", description="d", kind="gauge", is_delta=False,
+                            attributes={**resource, "rank": 7}, value=1.0, resource=resource)])
+    text = render(series)
+    assert 'm{rank="1",service_name="dagrl-worker"} 1.0' in text

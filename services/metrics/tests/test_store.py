@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import pytest
 
 from dagrl.telemetry import names
 from dagrl_metrics.config import MetricsConfig
 from dagrl_metrics.errors import BadQueryError, StepNotFoundError
 from dagrl_metrics.otlp import SpanRecord
-from dagrl_metrics.store import StepStore
+from dagrl_metrics.store import MAX_SPANS_PER_STEP, StepStore
 
 
 class Clock:
@@ -28,10 +31,22 @@ def record(job: str, step: int, name: str, rank: int | None = None, span_id: str
                       start_ns=0, end_ns=10**9, attributes=attributes, resource={})
 
 
+GRACE_S = 60.0
+
+
 def make_store(**overrides: object) -> tuple[StepStore, Clock]:
     clock = Clock()
-    config = MetricsConfig(step_settle_s=2.0, **overrides)  # type: ignore[arg-type]
+    config = MetricsConfig(step_settle_s=2.0, step_grace_s=GRACE_S, **overrides)  # type: ignore[arg-type]
     return StepStore(config, clock), clock
+
+
+def driver(job: str, step: int, num_ranks: int | None = None) -> SpanRecord:
+    declared = {} if num_ranks is None else {names.ATTR_NUM_RANKS: num_ranks}
+    return record(job, step, names.SPAN_STEP, span_id=f"root{step}", **declared)
+
+
+def ranks(job: str, step: int, *numbers: int) -> list[SpanRecord]:
+    return [record(job, step, names.SPAN_STEP, rank=r, span_id=f"r{r}") for r in numbers]
 
 
 def test_step_completes_when_every_declared_rank_reported() -> None:
@@ -47,7 +62,7 @@ def test_step_completes_when_every_declared_rank_reported() -> None:
 
 def test_step_completes_after_the_settle_time_without_a_declaration() -> None:
     store, clock = make_store()
-    store.add_spans([record("j", 0, names.SPAN_STEP, rank=0)])
+    store.add_spans([driver("j", 0), *ranks("j", 0, 0)])
     store.tick()
     assert not store.summary("j", 0).complete
     clock.now += 2.5
@@ -55,12 +70,92 @@ def test_step_completes_after_the_settle_time_without_a_declaration() -> None:
     assert store.summary("j", 0).complete
 
 
-def test_node_spans_alone_never_complete_a_step() -> None:
+def test_an_async_step_waits_for_its_driver_span_and_watchers_get_it_whole() -> None:
+    """trainer.max_staleness > 0: the driver opens step 1 at its rollout and ends it after
+    its update, so the rollout ranks' step spans come long before the rest."""
     store, clock = make_store()
-    store.add_spans([record("j", 0, "node/rollout", rank=0)])
-    clock.now += 100
+    store.add_spans(ranks("j", 1, 0, 1))  # the rollout side is done
+    clock.now += 30  # training: many settle times without a span of step 1
+    store.tick()
+    assert not store.summary("j", 1).complete
+    assert store.completed_since("j", 0) == ([], 0)
+    store.add_spans([*ranks("j", 1, 2, 3), driver("j", 1, num_ranks=4)])
+    watched, _ = store.completed_since("j", 0)
+    assert [(s.step, s.complete) for s in watched] == [(1, True)]
+    assert [r.rank for r in watched[0].rank_steps] == [0, 1, 2, 3]
+
+
+def test_without_a_driver_span_a_step_completes_after_the_grace() -> None:
+    store, clock = make_store()
+    store.add_spans(ranks("j", 0, 0))
+    clock.now += GRACE_S - 1
     store.tick()
     assert not store.summary("j", 0).complete
+    clock.now += 1
+    store.tick()
+    assert store.summary("j", 0).complete
+
+
+def test_a_later_driver_span_means_this_steps_driver_span_was_lost() -> None:
+    store, clock = make_store()
+    store.add_spans(ranks("j", 0, 0))
+    store.add_spans([driver("j", 1, num_ranks=1), *ranks("j", 1, 0)])
+    assert not store.summary("j", 0).complete
+    clock.now += 2.5  # the settle time, not the grace
+    store.tick()
+    assert [s.step for s in store.completed_since("j", 0)[0]] == [1, 0]
+
+
+def test_a_step_without_any_step_span_is_completed_and_compacted_after_the_grace() -> None:
+    store, clock = make_store(keep_span_steps=1)
+    store.add_spans([record("j", 0, "node/rollout", rank=0)])
+    clock.now += GRACE_S - 1
+    store.tick()
+    assert not store.summary("j", 0).complete
+    clock.now += 1
+    store.tick()
+    assert store.summary("j", 0).complete
+    store.add_spans([driver("j", 1, num_ranks=1), *ranks("j", 1, 0)])
+    assert store.spans("j", 0) == []  # its raw spans are no longer held
+    assert [n.node_id for n in store.summary("j", 0).nodes] == ["rollout"]
+
+
+def test_spans_per_step_are_capped_and_counted() -> None:
+    store, clock = make_store()
+    flood = [record("j", 0, "rollout.generate", span_id=f"g{i}")
+             for i in range(MAX_SPANS_PER_STEP + 5)]
+    store.add_spans([*flood, driver("j", 0, num_ranks=1)])
+    assert len(store.spans("j", 0)) == MAX_SPANS_PER_STEP
+    assert store.spans_over_cap == 6 and store.spans_dropped == 6
+    clock.now += 2.5  # the driver's span was counted although not held: the step settles
+    store.tick()
+    assert store.summary("j", 0).complete
+
+
+def test_bad_numbers_in_one_span_break_neither_its_job_nor_the_others() -> None:
+    store, _ = make_store(keep_span_steps=1)
+    store.add_spans([driver("ok", 0, num_ranks=1), *ranks("ok", 0, 0)])
+    bad = {names.ATTR_TOKENS: math.inf, names.ATTR_PEAK_FLOPS: "abc", names.ATTR_BYTES: math.nan}
+    for step in (0, 1):  # completing step 1 compacts step 0: its summary is made then
+        rank_step, phase = ranks("bad", step, 0)[0], record("bad", step, "x.phase", span_id="p")
+        store.add_spans([driver("bad", step, num_ranks=1),
+                         replace(rank_step, attributes={**rank_step.attributes, **bad}),
+                         replace(phase, attributes={**phase.attributes, names.ATTR_FLOPS: 1e30})])
+    store.tick()
+    assert store.summary("bad", 0).complete and store.summary("bad", 0).tokens == 0
+    assert not store.summary("bad", 1).HasField("mfu")
+    assert set(store.latest_complete()) == {"ok", "bad"}
+    assert store.numbers_rejected == 8  # 4 per step
+
+
+def test_a_span_with_a_bad_step_is_dropped_and_the_rest_of_its_batch_kept() -> None:
+    store, _ = make_store()
+    batch = [driver("j", 0, num_ranks=2), *ranks("j", 0, 0)]
+    for step in (math.nan, math.inf, 1e30, "3"):
+        batch.insert(1, record("j", step, names.SPAN_STEP, rank=1))  # type: ignore[arg-type]
+    store.add_spans(batch)
+    assert (store.spans_received, store.spans_dropped) == (6, 4)
+    assert len(store.spans("j", 0)) == 2
 
 
 def test_late_span_updates_the_summary() -> None:

@@ -12,6 +12,10 @@ needs nothing but the spans. Definitions (also in the proto):
 - critical path: the longest path through the DAG with each node weighted by its max;
 - tokens: the ranks' step-span `dagrl.tokens`, else the `rollout.generate` tokens;
 - MFU: phase-span FLOPs / (wall time x sum of the ranks' peak FLOP/s).
+
+Counts (tokens, bytes, FLOPs) and peak FLOP/s are taken only when they are finite and in
+int64 range (`otlp.as_int`); anything else counts as 0, and sums stop at the int64 maximum,
+so one bad attribute skews one step's numbers instead of failing its summary.
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ from dataclasses import dataclass, field
 
 from dagrl.rpc.gen.metrics.v1 import metrics_pb2
 from dagrl.telemetry import names
-from dagrl_metrics.otlp import SpanRecord
+from dagrl_metrics.otlp import INT64_MAX, SpanRecord, as_int, as_rank
 
 _MAX_PARENT_HOPS = 32
+_COUNT_KEYS = (names.ATTR_TOKENS, names.ATTR_BYTES, names.ATTR_FLOPS, names.ATTR_PEAK_FLOPS)
 
 
 @dataclass
@@ -69,7 +74,7 @@ def summarize(job_id: str, step: int, spans: Iterable[SpanRecord], *,
     for rank, span in sorted(levels.rank_steps.items()):
         summary.rank_steps.append(metrics_pb2.RankTiming(
             rank=rank, duration_s=span.duration_s, start_unix_ns=span.start_ns,
-            tokens=_int(span.attributes.get(names.ATTR_TOKENS))))
+            tokens=_count(span, names.ATTR_TOKENS)))
     summary.num_ranks = _num_ranks(levels, per_node)
     _set_throughput(summary, levels)
     summary.metrics.update(step_metrics(levels))
@@ -160,12 +165,13 @@ def _metric_attributes(span: SpanRecord) -> dict[str, float]:
 def _split_levels(spans: Sequence[SpanRecord]) -> _Spans:
     levels = _Spans()
     for span in spans:
-        if span.name == names.SPAN_STEP:
-            rank = span.attributes.get(names.ATTR_RANK)
-            if isinstance(rank, int):
-                levels.rank_steps[rank] = span
-            else:
-                levels.roots.append(span)
+        rank = span.step_rank
+        if span.is_driver_step:
+            levels.roots.append(span)
+        elif rank is not None:
+            levels.rank_steps[rank] = span
+        elif span.name == names.SPAN_STEP:
+            continue  # a rank out of range: neither the driver's nor a rank's
         elif span.name.startswith(names.SPAN_NODE_PREFIX):
             levels.nodes.append(span)
         else:
@@ -186,7 +192,7 @@ def _node_ranks(levels: _Spans) -> dict[str, dict[int, _NodeRank]]:
             data = per_node[_node_id(span)][rank] = _NodeRank(start_ns=span.start_ns)
         data.duration_s += span.duration_s
         data.start_ns = min(data.start_ns, span.start_ns)
-        data.tokens += _int(span.attributes.get(names.ATTR_TOKENS))
+        data.tokens = _total([data.tokens, _count(span, names.ATTR_TOKENS)])
     return per_node
 
 
@@ -205,8 +211,8 @@ def _add_phases(per_node: Mapping[str, dict[int, _NodeRank]], levels: _Spans) ->
                 name=span.name, start_unix_ns=span.start_ns)
         phase.duration_s += span.duration_s
         phase.start_unix_ns = min(phase.start_unix_ns, span.start_ns)
-        phase.tokens += _int(span.attributes.get(names.ATTR_TOKENS))
-        phase.bytes += _int(span.attributes.get(names.ATTR_BYTES))
+        phase.tokens = _total([phase.tokens, _count(span, names.ATTR_TOKENS)])
+        phase.bytes = _total([phase.bytes, _count(span, names.ATTR_BYTES)])
 
 
 def _enclosing_node(span: SpanRecord, by_id: Mapping[str, SpanRecord]) -> SpanRecord | None:
@@ -261,8 +267,8 @@ def _set_wall_time(summary: metrics_pb2.StepSummary, levels: _Spans,
 
 def _num_ranks(levels: _Spans, per_node: Mapping[str, Mapping[int, _NodeRank]]) -> int:
     for root in levels.roots:
-        declared = root.attributes.get(names.ATTR_NUM_RANKS)
-        if isinstance(declared, int) and declared > 0:
+        declared = as_rank(root.attributes.get(names.ATTR_NUM_RANKS))
+        if declared:
             return declared
     ranks = set(levels.rank_steps)
     for node_ranks in per_node.values():
@@ -271,22 +277,34 @@ def _num_ranks(levels: _Spans, per_node: Mapping[str, Mapping[int, _NodeRank]]) 
 
 
 def _set_throughput(summary: metrics_pb2.StepSummary, levels: _Spans) -> None:
-    tokens = sum(_int(s.attributes.get(names.ATTR_TOKENS)) for s in levels.rank_steps.values())
+    tokens = _total(_count(s, names.ATTR_TOKENS) for s in levels.rank_steps.values())
     if tokens == 0:
-        tokens = sum(_int(s.attributes.get(names.ATTR_TOKENS)) for s in levels.others
-                     if s.name == names.SPAN_ROLLOUT_GENERATE)
+        tokens = _total(_count(s, names.ATTR_TOKENS) for s in levels.others
+                        if s.name == names.SPAN_ROLLOUT_GENERATE)
     summary.tokens = tokens
-    summary.bytes_moved = sum(_int(s.attributes.get(names.ATTR_BYTES)) for s in levels.others)
+    summary.bytes_moved = _total(_count(s, names.ATTR_BYTES) for s in levels.others)
     wall = summary.wall_time_s
     if tokens > 0 and wall > 0:
         summary.tokens_per_s = tokens / wall
         summary.time_per_token_ms = wall * 1000.0 / tokens
-    flops = sum(_int(s.attributes.get(names.ATTR_FLOPS)) for s in levels.others)
-    peak = sum(float(s.attributes.get(names.ATTR_PEAK_FLOPS) or 0.0)
-               for s in levels.rank_steps.values())
+    flops = _total(_count(s, names.ATTR_FLOPS) for s in levels.others)
+    peak = _total(_count(s, names.ATTR_PEAK_FLOPS) for s in levels.rank_steps.values())
     if flops > 0 and peak > 0 and wall > 0:
         summary.mfu = flops / (wall * peak)
 
 
-def _int(value: object) -> int:
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
+def rejected_numbers(span: SpanRecord) -> list[str]:
+    """The count attributes of `span` that are set but count as 0 here (inf, nan, 1e30, "abc",
+    negative): the store counts them, so a sender's bug shows."""
+    return [key for key in _COUNT_KEYS if key in span.attributes
+            and as_int(span.attributes[key], 0) is None]
+
+
+def _count(span: SpanRecord, key: str) -> int:
+    """A count attribute (tokens, bytes, FLOPs): an int in 0..int64 max, else 0."""
+    return as_int(span.attributes.get(key), 0) or 0
+
+
+def _total(counts: Iterable[int]) -> int:
+    """A sum of counts, stopped at the int64 maximum (the proto's fields are int64)."""
+    return min(sum(counts), INT64_MAX)

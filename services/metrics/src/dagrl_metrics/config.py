@@ -11,6 +11,7 @@
 | DAGRL_METRICS_MAX_JOBS            | max_jobs            | 64          |
 | DAGRL_METRICS_MAX_STEPS_PER_JOB   | max_steps_per_job   | 5000        |
 | DAGRL_METRICS_STEP_SETTLE_S       | step_settle_s       | 3.0         |
+| DAGRL_METRICS_STEP_GRACE_S        | step_grace_s        | 600.0       |
 | DAGRL_METRICS_GRPC_WORKERS        | grpc_workers        | 16          |
 | DAGRL_METRICS_MAX_STREAMS         | max_streams         | 64          |
 
@@ -40,7 +41,10 @@ class MetricsConfig:
     jaeger_ui_url: str | None = None  # e.g. http://localhost:16686: the page links traces there
     max_jobs: int = 64  # jobs held; the least recently updated is dropped first
     max_steps_per_job: int = 5000  # step summaries held per job; oldest dropped first
-    step_settle_s: float = 3.0  # after the last span of a step: wait this long for late ranks
+    step_settle_s: float = 3.0  # driver span in, ranks missing: wait this long after the last span
+    # no driver span (yet): wait this long after the step's last span before completing it
+    # anyway; long, as an asynchronous step's driver span ends well after its rollout ranks'
+    step_grace_s: float = 600.0
     keep_span_steps: int = 8  # newest steps per job whose raw spans are kept for late spans
     grpc_workers: int = 16  # threads per gRPC server for unary calls (OTLP export, queries)
     max_streams: int = 64  # concurrent WatchSteps streams, each with a thread of its own
@@ -57,6 +61,9 @@ class MetricsConfig:
                 problems.append(f"{name}={getattr(self, name)}: must be >= 1")
         if self.step_settle_s <= 0:
             problems.append(f"step_settle_s={self.step_settle_s}: must be > 0 seconds")
+        if self.step_grace_s < self.step_settle_s:
+            problems.append(f"step_grace_s={self.step_grace_s}: must be >= step_settle_s "
+                            f"({self.step_settle_s} s)")
         if not self.host:
             problems.append("host is empty: give an address such as 127.0.0.1")
         if problems:

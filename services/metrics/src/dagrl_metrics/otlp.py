@@ -2,13 +2,18 @@
 so workers use the stock exporters. Requests are turned into plain records here and handed
 to the step store, the metric series and (optionally) the forwarder; nothing else in the
 service looks at OTLP protobufs.
+
+Every attribute comes from an unauthenticated port: numbers reach `int()` and proto fields only
+through `as_int` (finite, in range, not a bool), so `inf`, `nan` or `1e30` in one span cannot
+make a summary, and with it every job's page, fail.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -19,6 +24,24 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from dagrl.telemetry import names
 
 log = logging.getLogger(__name__)
+
+INT64_MAX = 2**63 - 1
+INT32_MAX = 2**31 - 1  # ranks and rank counts are int32 in the StepSummary proto
+
+
+def as_int(value: object, lo: int = -INT64_MAX - 1, hi: int = INT64_MAX) -> int | None:
+    """`value` as an int when it is a finite number in lo..hi (a bool is not a number here);
+    None for anything else: inf, nan, 1e30, "abc"."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return int(value) if lo <= value <= hi else None
+
+
+def as_rank(value: object) -> int | None:
+    """A rank or a rank count: an int in 0..INT32_MAX, else None."""
+    return as_int(value, 0, INT32_MAX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,13 +73,24 @@ class SpanRecord:
 
     @property
     def step(self) -> int | None:
-        step = self.attributes.get(names.ATTR_STEP)
-        return int(step) if isinstance(step, int | float) else None
+        """The step; None without one or when it is no finite int64 (the store drops it)."""
+        return as_int(self.attributes.get(names.ATTR_STEP))
 
     @property
     def rank(self) -> int | None:
-        rank = self.attribute(names.ATTR_RANK)
-        return int(rank) if isinstance(rank, int | float) else None
+        return as_rank(self.attribute(names.ATTR_RANK))
+
+    @property
+    def is_driver_step(self) -> bool:
+        """The driver's step span: a step span without a `dagrl.rank` attribute."""
+        return self.name == names.SPAN_STEP and names.ATTR_RANK not in self.attributes
+
+    @property
+    def step_rank(self) -> int | None:
+        """The rank of a rank's step span; None for any other span, or a rank out of range."""
+        if self.name != names.SPAN_STEP:
+            return None
+        return as_rank(self.attributes.get(names.ATTR_RANK))
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +108,7 @@ class MetricPoint:
     bucket_counts: tuple[int, ...] = ()
     count: int = 0
     total: float = 0.0
+    resource: Mapping[str, Any] = field(default_factory=dict)  # the resource's alone
 
 
 def any_value(value: AnyValue) -> Any:
@@ -100,7 +135,8 @@ def spans_from_request(request: trace_service_pb2.ExportTraceServiceRequest) -> 
                 records.append(SpanRecord(
                     trace_id=span.trace_id.hex(), span_id=span.span_id.hex(),
                     parent_span_id=span.parent_span_id.hex(), name=span.name,
-                    start_ns=span.start_time_unix_nano, end_ns=span.end_time_unix_nano,
+                    start_ns=min(span.start_time_unix_nano, INT64_MAX),
+                    end_ns=min(span.end_time_unix_nano, INT64_MAX),
                     attributes=attributes_dict(span.attributes), resource=resource))
     return records
 
@@ -128,7 +164,8 @@ def _metric_points(metric: Any, resource: Mapping[str, Any]) -> Iterable[MetricP
             number = point.as_double if point.WhichOneof("value") == "as_double" else point.as_int
             yield MetricPoint(**common, kind="counter" if is_counter else "gauge",
                               is_delta=is_delta, value=float(number),
-                              attributes={**resource, **attributes_dict(point.attributes)})
+                              attributes={**resource, **attributes_dict(point.attributes)},
+                              resource=resource)
     elif kind == "histogram":
         for point in metric.histogram.data_points:
             yield MetricPoint(
@@ -136,7 +173,7 @@ def _metric_points(metric: Any, resource: Mapping[str, Any]) -> Iterable[MetricP
                 is_delta=metric.histogram.aggregation_temporality == delta,
                 attributes={**resource, **attributes_dict(point.attributes)},
                 bounds=tuple(point.explicit_bounds), bucket_counts=tuple(point.bucket_counts),
-                count=point.count, total=point.sum)
+                count=point.count, total=point.sum, resource=resource)
     # exponential histograms and summaries are not produced by dagrl; they are ignored
 
 

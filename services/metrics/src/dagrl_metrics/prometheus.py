@@ -5,6 +5,14 @@ OTel names become Prometheus names the usual way: dots to underscores, the unit 
 suffix (`s` -> `_seconds`, `By` -> `_bytes`; `{token}`-style annotations dropped), `_total`
 on counters. Labels: the data point's attributes and the resource's `service.name` and
 `dagrl.*` attributes, with the `dagrl.` prefix dropped (`job_id`, `rank`, `node_id`, ...).
+
+Names come from any process on the OTLP port, so `SeriesStore.add` keeps the exposition valid:
+a point whose name is not a Prometheus name after the rules above is dropped; a label key is
+made one (`[a-zA-Z_][a-zA-Z0-9_]*`, not `__`-reserved) or left out; where two keys give one
+label the resource's wins (a point attribute `rank` never overwrites `dagrl.rank`), else the
+first; one name is one family, of the kind that came first (a later point of another kind is
+dropped). `points_dropped` counts what was left out; names of the service's own gauges are
+not taken from the workers either.
 """
 
 from __future__ import annotations
@@ -26,9 +34,23 @@ from dagrl_metrics.otlp import MetricPoint
 
 _UNIT_SUFFIXES = {"s": "seconds", "ms": "milliseconds", "By": "bytes", "1": "ratio"}
 _INVALID = re.compile(r"[^a-zA-Z0-9_]")
+_VALID_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 # Resource attributes the SDK adds that would only multiply series.
 _DROPPED_PREFIXES = ("telemetry.", "process.", "host.", "os.", "service.instance.")
 _MAX_SERIES = 20_000
+_GAUGES = {  # the service's gauges of each job's latest complete step, and their help
+    names.PROM_STEP_LAST: "latest complete step",
+    names.PROM_STEP_WALL_TIME: "wall time of the latest step",
+    names.PROM_STEP_CRITICAL_PATH: "critical path time of the latest step",
+    names.PROM_STEP_TOKENS_PER_S: "tokens per second of the latest step",
+    names.PROM_STEP_MFU: "model FLOPs utilisation",
+    names.PROM_NODE_MAX: "slowest rank's time per node",
+    names.PROM_NODE_STRAGGLER_LAG: "straggler's lag behind the median rank",
+    names.PROM_STEP_METRIC: "step-level metrics",
+}
+_SPANS_RECEIVED_FAMILY = names.PROM_SPANS_RECEIVED.removesuffix("_total")
+# families the service exposes itself: a worker's metric of the same name would duplicate one
+_SERVICE_FAMILIES = frozenset([*_GAUGES, _SPANS_RECEIVED_FAMILY])
 
 
 def prometheus_name(name: str, unit: str) -> str:
@@ -39,35 +61,75 @@ def prometheus_name(name: str, unit: str) -> str:
     return base.removesuffix("_total")
 
 
-def label_name(key: str) -> str:
-    return _INVALID.sub("_", key.removeprefix("dagrl."))
+def is_valid_name(name: str) -> bool:
+    """A Prometheus metric or label name (the `__` prefix is reserved for Prometheus)."""
+    return _VALID_NAME.fullmatch(name) is not None and not name.startswith("__")
 
 
-def labels_of(attributes: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
-    """Prometheus labels from data point and resource attributes (SDK details dropped)."""
-    labels = {label_name(k): str(v) for k, v in attributes.items()
-              if not k.startswith(_DROPPED_PREFIXES)}
+def label_name(key: str) -> str | None:
+    """The label of an attribute key; None when no valid label comes of it ("", "__x", "1x")."""
+    name = _INVALID.sub("_", key.removeprefix("dagrl."))
+    return name if is_valid_name(name) else None
+
+
+def labels_of(attributes: Mapping[str, Any],
+              resource: Mapping[str, Any] | None = None) -> tuple[tuple[str, str], ...]:
+    """Prometheus labels from data point and resource attributes (SDK details dropped): the
+    resource's first, then the point's that do not collide with a label already taken."""
+    resource = resource or {}
+    labels: dict[str, str] = {}
+    point_only = ((k, v) for k, v in attributes.items() if k not in resource)
+    for key, value in [*resource.items(), *point_only]:
+        name = label_name(key)
+        if name is not None and not key.startswith(_DROPPED_PREFIXES):
+            labels.setdefault(name, str(value))
     return tuple(sorted(labels.items()))
+
+
+_SeriesKey = tuple[str, str, tuple[tuple[str, str], ...]]  # name, kind, labels
 
 
 class SeriesStore:
     """The latest value of every series received over OTLP (deltas are summed up)."""
 
     def __init__(self, max_series: int = _MAX_SERIES) -> None:
-        self._series: OrderedDict[tuple[str, str, tuple[tuple[str, str], ...]], MetricPoint]
-        self._series = OrderedDict()
+        self._series: OrderedDict[_SeriesKey, MetricPoint] = OrderedDict()
+        self._families: dict[str, tuple[str, int]] = {}  # name -> (kind, series held)
         self._max_series = max_series
         self._lock = threading.Lock()
+        self.points_dropped = 0  # invalid or reserved name, or a family of another kind
 
     def add(self, points: Iterable[MetricPoint]) -> None:
         with self._lock:
             for point in points:
-                key = (prometheus_name(point.name, point.unit), point.kind,
-                       labels_of(point.attributes))
+                key = self._key(point)
+                if key is None:
+                    self.points_dropped += 1
+                    continue
                 previous = self._series.pop(key, None)
+                if previous is None:
+                    self._count_series(key[0], point.kind, 1)
                 self._series[key] = _combine(previous, point) if point.is_delta else point
                 if len(self._series) > self._max_series:
-                    self._series.popitem(last=False)
+                    evicted, _ = self._series.popitem(last=False)
+                    self._count_series(evicted[0], evicted[1], -1)
+
+    def _key(self, point: MetricPoint) -> _SeriesKey | None:
+        """Where `point` goes; None when it cannot be exposed as a valid family."""
+        name = prometheus_name(point.name, point.unit)
+        if not is_valid_name(name) or name in _SERVICE_FAMILIES:
+            return None
+        kind, _held = self._families.get(name, (point.kind, 0))
+        if kind != point.kind:
+            return None
+        return name, point.kind, labels_of(point.attributes, point.resource)
+
+    def _count_series(self, name: str, kind: str, change: int) -> None:
+        _kind, held = self._families.get(name, (kind, 0))
+        if held + change > 0:
+            self._families[name] = (kind, held + change)
+        else:
+            self._families.pop(name, None)
 
     def metrics(self) -> list[Metric]:
         with self._lock:
@@ -114,21 +176,7 @@ def _float_text(value: float) -> str:
 
 def summary_metrics(summaries: Mapping[str, metrics_pb2.StepSummary]) -> list[Metric]:
     """Gauges from each job's latest complete step."""
-    gauges = {
-        names.PROM_STEP_LAST: Metric(names.PROM_STEP_LAST, "latest complete step", "gauge"),
-        names.PROM_STEP_WALL_TIME: Metric(names.PROM_STEP_WALL_TIME,
-                                          "wall time of the latest step", "gauge"),
-        names.PROM_STEP_CRITICAL_PATH: Metric(names.PROM_STEP_CRITICAL_PATH,
-                                              "critical path time of the latest step", "gauge"),
-        names.PROM_STEP_TOKENS_PER_S: Metric(names.PROM_STEP_TOKENS_PER_S,
-                                             "tokens per second of the latest step", "gauge"),
-        names.PROM_STEP_MFU: Metric(names.PROM_STEP_MFU, "model FLOPs utilisation", "gauge"),
-        names.PROM_NODE_MAX: Metric(names.PROM_NODE_MAX, "slowest rank's time per node",
-                                    "gauge"),
-        names.PROM_NODE_STRAGGLER_LAG: Metric(names.PROM_NODE_STRAGGLER_LAG,
-                                              "straggler's lag behind the median rank", "gauge"),
-        names.PROM_STEP_METRIC: Metric(names.PROM_STEP_METRIC, "step-level metrics", "gauge"),
-    }
+    gauges = {name: Metric(name, help_text, "gauge") for name, help_text in _GAUGES.items()}
     for job_id, summary in summaries.items():
         job = {"job_id": job_id}
         gauges[names.PROM_STEP_LAST].add_sample(names.PROM_STEP_LAST, job, summary.step)
@@ -166,8 +214,7 @@ class ServiceCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         yield from self._series.metrics()
         yield from summary_metrics(self._latest())
-        received = Metric(names.PROM_SPANS_RECEIVED.removesuffix("_total"),
-                          "spans the OTLP receiver accepted", "counter")
+        received = Metric(_SPANS_RECEIVED_FAMILY, "spans the OTLP receiver accepted", "counter")
         received.add_sample(names.PROM_SPANS_RECEIVED, {}, self._spans_received())
         yield received
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from concurrent import futures
 
 import grpc
@@ -78,7 +79,9 @@ class MetricsServer:
             self._otlp.start()
             self._query.start()
             self._web.start()
-            self._ticker = threading.Thread(target=self._tick, name="step-settler", daemon=True)
+            self._ticker = threading.Thread(
+                target=run_settler, args=(self.store.tick, self._stopped, _SETTLE_TICK_S),
+                name="step-settler", daemon=True)
             self._ticker.start()
             log.info("metrics service: OTLP %s:%d, query %s:%d, page http://%s:%d/",
                      cfg.host, self.otlp_port, cfg.host, self.query_port, cfg.host,
@@ -142,6 +145,21 @@ class MetricsServer:
     def _bind(self, server: grpc.Server, port: int, setting: str) -> int:
         return bind_port(server, self.config.host, port, f"DAGRL_METRICS_{setting.upper()}")
 
-    def _tick(self) -> None:
-        while not self._stopped.wait(_SETTLE_TICK_S):
-            self.store.tick()
+
+def run_settler(tick: Callable[[], None], stopped: threading.Event, interval_s: float) -> int:
+    """Call `tick` every `interval_s` until `stopped`; the number of ticks that raised.
+
+    A failing tick is logged (the first with its traceback, then about once a minute) and the
+    loop goes on: were the thread to end, no step of any job would complete again."""
+    failures = 0
+    log_every = max(1, round(60 / interval_s))
+    while not stopped.wait(interval_s):
+        try:
+            tick()
+        except Exception:
+            failures += 1
+            if failures == 1:
+                log.exception("settling steps failed; the settler goes on")
+            elif failures % log_every == 0:
+                log.error("settling steps failed %d times so far", failures)
+    return failures

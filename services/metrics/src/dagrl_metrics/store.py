@@ -2,17 +2,24 @@
 
 A step is complete when the driver's step span has arrived together with a step span from
 each of the ranks it declared (`dagrl.num_ranks`), or, failing that, `step_settle_s` after
-its last span arrived. Exporters batch per process, so ranks' spans come in any order and
-late; a late span still updates the summary of the step while its spans are kept (the
-newest `keep_span_steps` steps per job), and is counted and dropped after that.
+its last span arrived. The driver's span ends last (in asynchronous training it is opened at
+the step's rollout and ended after its update, while the rollout ranks reported long ago), so
+without it a step waits `step_grace_s` after its last span, unless a later step's driver span
+has arrived (the driver ends its steps in order: this one's was lost). The same grace ends a
+step that never gets a step span at all. Exporters batch per process, so ranks' spans come in
+any order and late; a late span still updates the summary of the step while its spans are
+kept (the newest `keep_span_steps` complete steps per job), and is counted and dropped after
+that.
 
-Memory is bounded: at most `max_jobs` jobs (least recently updated dropped first) and
-`max_steps_per_job` summaries per job (oldest step dropped first). All methods are
-thread-safe; `wait_completed` blocks a WatchSteps stream until a step completes.
+Memory is bounded: at most `max_jobs` jobs (least recently updated dropped first),
+`max_steps_per_job` summaries per job (oldest step dropped first) and `MAX_SPANS_PER_STEP`
+raw spans per step (more are counted in `spans_dropped` and `spans_over_cap`). All methods
+are thread-safe; `wait_for_change` blocks a WatchSteps stream until a step completes.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -20,10 +27,16 @@ from dataclasses import dataclass, field
 
 from dagrl.rpc.gen.metrics.v1 import metrics_pb2
 from dagrl.telemetry import names
-from dagrl_metrics.aggregate import summarize
+from dagrl_metrics.aggregate import rejected_numbers, summarize
 from dagrl_metrics.config import MetricsConfig
 from dagrl_metrics.errors import BadQueryError, StepNotFoundError
-from dagrl_metrics.otlp import SpanRecord
+from dagrl_metrics.otlp import SpanRecord, as_rank
+
+log = logging.getLogger(__name__)
+
+# Raw spans held per step. A step of 128 ranks with a dozen nodes and a few phases each makes
+# a few thousand; the cap keeps a runaway emitter (a span per token, a loop) at about 10 MB.
+MAX_SPANS_PER_STEP = 10_000
 
 
 @dataclass
@@ -35,6 +48,7 @@ class _Step:
     ranks_seen: set[int] = field(default_factory=set)
     complete_seq: int = 0  # 0: not complete; else the job's completion sequence number
     compacted: bool = False  # spans dropped, summary frozen
+    over_cap: bool = False  # MAX_SPANS_PER_STEP reached (logged once per step)
     summary: metrics_pb2.StepSummary | None = None  # None: recompute on next read
 
 
@@ -45,6 +59,7 @@ class _Job:
     next_seq: int = 1
     pending: set[int] = field(default_factory=set)  # steps not complete yet
     latest_done: int | None = None  # newest complete step
+    newest_driver_step: int | None = None  # newest step whose driver span arrived
 
 
 class StepStore:
@@ -57,7 +72,10 @@ class StepStore:
         self._cond = threading.Condition()
         self._closed = False
         self.spans_received = 0
-        self.spans_dropped = 0  # no job/step attributes, or their step was already compacted
+        # no job or valid step attribute, their step was already compacted, or over the cap
+        self.spans_dropped = 0
+        self.spans_over_cap = 0  # of spans_dropped: beyond MAX_SPANS_PER_STEP
+        self.numbers_rejected = 0  # count attributes ignored (inf, nan, out of int64, text)
 
     def add_spans(self, records: Iterable[SpanRecord]) -> None:
         now = self._clock()
@@ -179,17 +197,37 @@ class StepStore:
         if step.compacted:
             self.spans_dropped += 1
             return
+        if record.is_driver_step:  # noted even over the cap: it decides completion
+            step.has_root = True
+            step.declared_ranks = as_rank(record.attributes.get(names.ATTR_NUM_RANKS)) or 0
+            if job.newest_driver_step is None or step_no > job.newest_driver_step:
+                job.newest_driver_step = step_no
+        if len(step.spans) >= MAX_SPANS_PER_STEP:
+            self._drop_over_cap(record.job_id, step_no, step)
+            return
+        self._check_numbers(record)
         step.spans.append(record)
         step.last_arrival = now
         step.summary = None
-        if record.name == names.SPAN_STEP:
-            rank = record.attributes.get(names.ATTR_RANK)
-            if isinstance(rank, int):
-                step.ranks_seen.add(rank)
-            else:
-                step.has_root = True
-                declared = record.attributes.get(names.ATTR_NUM_RANKS)
-                step.declared_ranks = declared if isinstance(declared, int) else 0
+        rank = record.step_rank
+        if rank is not None:
+            step.ranks_seen.add(rank)
+
+    def _drop_over_cap(self, job_id: str, step_no: int, step: _Step) -> None:
+        self.spans_dropped += 1
+        self.spans_over_cap += 1
+        if not step.over_cap:
+            step.over_cap = True
+            log.warning("job %r step %d: over %d spans, later ones are dropped (its summary "
+                        "leaves them out)", job_id, step_no, MAX_SPANS_PER_STEP)
+
+    def _check_numbers(self, record: SpanRecord) -> None:
+        rejected = rejected_numbers(record)
+        if rejected and not self.numbers_rejected:
+            log.warning("span %r of job %r: %s = %r counted as 0 (a count must be a finite "
+                        "number in 0..2^63-1); further ones are only counted", record.name,
+                        record.job_id, rejected[0], record.attributes[rejected[0]])
+        self.numbers_rejected += len(rejected)
 
     def _settle(self, now: float) -> None:
         changed = False
@@ -197,11 +235,7 @@ class StepStore:
             completed = False
             for step_no in sorted(job.pending):
                 step = job.steps[step_no]
-                if not (step.has_root or step.ranks_seen):
-                    continue
-                all_reported = (step.has_root and step.declared_ranks > 0
-                                and len(step.ranks_seen) >= step.declared_ranks)
-                if all_reported or now - step.last_arrival >= self._config.step_settle_s:
+                if self._is_complete(job, step_no, step, now):
                     step.complete_seq = job.next_seq
                     job.next_seq += 1
                     job.pending.discard(step_no)
@@ -212,6 +246,17 @@ class StepStore:
                 self._compact(job_id, job)
         if changed:
             self._cond.notify_all()
+
+    def _is_complete(self, job: _Job, step_no: int, step: _Step, now: float) -> bool:
+        quiet_s = now - step.last_arrival
+        if quiet_s >= self._config.step_grace_s:
+            return True
+        later_driver = job.newest_driver_step is not None and job.newest_driver_step > step_no
+        if not (step.has_root or later_driver):
+            return False
+        if step.declared_ranks and len(step.ranks_seen) >= step.declared_ranks:
+            return True
+        return quiet_s >= self._config.step_settle_s
 
     def _compact(self, job_id: str, job: _Job) -> None:
         """Drop the raw spans of completed steps beyond the newest `keep_span_steps`."""
