@@ -253,7 +253,7 @@ def _model_reward_problems(graph: TaskGraph) -> list[str]:
     return problems
 
 
-# Rules that need the job's plan. The scheduler's plans keep them; the worker checks the plan it
+# Rules that need the job's plan. The scheduler checks each plan it makes; the worker the plan it
 # was given (a Driver also runs plans the scheduler never made) with `check_planned_job`.
 
 

@@ -50,6 +50,21 @@ def test_cluster_counts_must_be_positive_and_a_missing_one_is_the_jobs(
     assert [n.device_count for n in cluster.nodes] == [4, 4, 4]
 
 
+def test_a_device_flag_alone_describes_the_cluster_with_the_jobs_counts() -> None:
+    """--device-kind and --device-memory-gib used to be dropped unless a count flag was given."""
+    spec = build_job_spec(EXAMPLE, ["trainer.nnodes=2", "trainer.n_ranks_per_node=4"])
+    for flags, kind, memory in ((["--device-kind", "H100"], "H100", 0.0),
+                                (["--device-memory-gib", "80"], "cpu", 80.0),
+                                (["--device-kind", "H100", "--device-memory-gib", "80"],
+                                 "H100", 80.0)):
+        cluster = cluster_from_args(parse(build_parser(), ["plan", EXAMPLE, *flags]), spec)
+        assert [(n.device_count, n.device_kind, n.device_memory_gib)
+                for n in cluster.nodes] == [(4, kind, memory)] * 2
+    assert not cluster_from_args(parse(build_parser(), ["plan", EXAMPLE]), spec).nodes
+    run_args = parse(build_parser(), ["run", EXAMPLE])  # `dagrl run` has no cluster flags
+    assert not cluster_from_args(run_args, spec).nodes
+
+
 def test_job_mistakes_are_reported_before_any_service_starts(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", EXAMPLE, "workflow.agent_placement=bogus"]) == 2

@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
+import yaml
 
+from dagrl.cli.client import SchedulerClient
 from dagrl.cli.main import main
 from dagrl.errors import WorkflowError
+from dagrl.jobs import JobState, JobStore
 from dagrl.local.redis_server import LocalRedis
-from dagrl.workflow import parse_workflow
+from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
+from dagrl.workflow import load_workflow, parse_workflow
 from dagrl_scheduler.config import SchedulerConfig
 from dagrl_scheduler.server import SchedulerServer
 
@@ -112,3 +119,35 @@ def test_submit_watch_status_and_cancel(files: Path, capsys: pytest.CaptureFixtu
     assert main(["watch", sleeping, *address]) == 1
     assert main(["status", "job-none", *address]) == 2
     assert "no job 'job-none'" in capsys.readouterr().err
+
+
+def test_a_ctrl_c_during_the_submit_of_dagrl_run_cancels_the_submitted_job(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], scheduler: SchedulerServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The signal is held until the submit returns (the job's id is known), then raised: the
+    job must be cancelled, not left running behind "stopped before the job was submitted"."""
+    flow = {**load_workflow("grpo").to_dict(), "dag_id": "sleep"}  # the fake driver's mode
+    (tmp_path / "flow.yaml").write_text(yaml.safe_dump(flow, sort_keys=False))
+    (tmp_path / "model").mkdir()
+    (tmp_path / "job.yaml").write_text(
+        "trainer: {nnodes: 1, n_ranks_per_node: 2, total_training_steps: 3}\n"
+        f"actor_rollout_ref: {{model: {{path: {tmp_path / 'model'}}}}}\n"
+        "workflow: {source: flow.yaml}\n")
+    submitted: list[scheduler_pb2.Job] = []
+    submit = SchedulerClient.submit
+
+    def submit_then_ctrl_c(self: SchedulerClient, *args: Any, **kwargs: Any) -> Any:
+        submitted.append(submit(self, *args, **kwargs))
+        os.kill(os.getpid(), signal.SIGINT)  # held: the submit has not returned yet
+        return submitted[-1]
+
+    monkeypatch.setattr(SchedulerClient, "submit", submit_then_ctrl_c)
+    code = main(["run", str(tmp_path / "job.yaml"), "--quiet", "--scheduler", scheduler.address,
+                 "--token", TOKEN])
+    assert code == 128 + signal.SIGINT
+    (job,) = submitted
+    err = capsys.readouterr().err
+    assert "before the job was submitted" not in err
+    assert f"stopped by SIGINT: cancelled job {job.job_id} (CANCELLED)" in err
+    store = JobStore(redis.Redis.from_url(scheduler.config.redis_url or ""))
+    assert store.get(job.job_id).state is JobState.CANCELLED

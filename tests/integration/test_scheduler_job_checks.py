@@ -11,9 +11,11 @@ from pathlib import Path
 import grpc
 import pytest
 import redis
+import yaml
 
 from dagrl.local.redis_server import LocalRedis
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from dagrl.workflow import load_workflow
 from dagrl_scheduler.config import SchedulerConfig
 from dagrl_scheduler.server import SchedulerServer
 
@@ -44,6 +46,19 @@ nodes:
   - {{node_id: actor_train, node_type: MODEL_TRAIN, node_role: ACTOR,
      dependencies: [old_log_prob]}}
 """
+
+
+def grpo_with(node_id: str, **node_config: object) -> str:
+    """The built-in grpo workflow with `node_config` added to node `node_id`'s config."""
+    flow = load_workflow("grpo").to_dict()
+    for node in flow["nodes"]:
+        if node["node_id"] == node_id:
+            node["config"] = {**(node.get("config") or {}), **node_config}
+    return yaml.safe_dump(flow, sort_keys=False)
+
+
+GRPO_ACTOR_TP = grpo_with("actor_train", tp_size=2)
+GRPO_ADVANTAGE_TP = grpo_with("advantage", tp_size=2)
 # (the job, a key the refusal must name)
 REFUSED = [
     (scheduler_pb2.JobSpec(config_yaml="trainer: {n_ranks_per_node: 2}\n"),
@@ -74,6 +89,13 @@ REFUSED = [
      "tensor_model_parallel_size is 2, but the job's ranks run on CPU"),
     (scheduler_pb2.JobSpec(config_yaml=CONFIG, name="job\x1b[2J"),
      "JobSpec.name 'job\\x1b[2J' must be one line of printable characters"),
+    # rules that need the plan (`check_planned_job`): a DAG worker refused these once Ray ran
+    (scheduler_pb2.JobSpec(config_yaml=CONFIG, workflow_yaml=GRPO_ACTOR_TP,
+                           overrides=["trainer.device=cpu"]),
+     "the plan gives 'actor_train' tp_size x pp_size > 1, which shards a model across GPUs; "
+     "on CPU"),
+    (scheduler_pb2.JobSpec(config_yaml=CONFIG, workflow_yaml=GRPO_ADVANTAGE_TP),
+     "the plan gives advantage node 'advantage' tp_size x pp_size > 1"),
 ]
 
 
@@ -97,7 +119,8 @@ def client(scheduler: SchedulerServer) -> scheduler_pb2_grpc.SchedulerServiceStu
 @pytest.mark.parametrize(("spec", "key"), REFUSED,
                          ids=["no_model_path", "reward_fn_form", "negative_steps", "no_old_lp",
                               "nested_judge_parser", "port_out_of_range", "path_as_name",
-                              "vllm_max_model_len", "vllm_tp_on_cpu", "escape_in_job_name"])
+                              "vllm_max_model_len", "vllm_tp_on_cpu", "escape_in_job_name",
+                              "actor_tp_on_cpu", "advantage_tp"])
 def test_a_job_that_would_fail_at_launch_is_invalid_argument_naming_the_key(
         client: scheduler_pb2_grpc.SchedulerServiceStub, spec: scheduler_pb2.JobSpec,
         key: str) -> None:

@@ -19,6 +19,7 @@ import redis
 from dagrl.cli.client import SchedulerClient, build_job_spec
 from dagrl.cli.main import main
 from dagrl.errors import ResourceExhaustedError, UnavailableError
+from dagrl.jobs import JobState, JobStore
 from dagrl.local.redis_server import LocalRedis
 from dagrl.rpc.gen.common.v1 import common_pb2
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
@@ -145,3 +146,20 @@ def test_a_restarted_scheduler_keeps_its_queue(redis_server: LocalRedis, tmp_pat
                 later.job_id).updated_unix_ms
     finally:
         second.stop()
+
+
+def test_a_job_queued_when_an_embedded_scheduler_stops_is_cancelled_and_not_shown_queued(
+        scheduler: SchedulerServer, tmp_path: Path) -> None:
+    """`stop_drivers_on_exit` (`dagrl run`'s scheduler) cancels its queued jobs when it stops;
+    each leaves the queue too, so `dagrl status` does not show a CANCELLED job `QUEUED #1`."""
+    with SchedulerClient(scheduler.address) as client:
+        running = client.submit(_spec(tmp_path, "sleep"), CLUSTER)
+        queued = client.submit(_spec(tmp_path, "sleep"), CLUSTER)
+        assert client.get(queued.job_id).queue_position == 1
+    scheduler.stop()
+    store = JobStore(redis.Redis.from_url(scheduler.config.redis_url or ""))
+    assert store.get(running.job_id).state is JobState.CANCELLED
+    record = store.get(queued.job_id)
+    assert record.state is JobState.CANCELLED and "stopped while the job was queued" in (
+        record.failure_reason)
+    assert (record.queue_position, record.waiting_reason) == (0, "")

@@ -69,8 +69,8 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--nodes", type=_at_least_one, help="machines")
     group.add_argument("--devices-per-node", type=_at_least_one,
                        help="GPUs (or CPU slots) per machine")
-    group.add_argument("--device-kind", default="cpu", help="cpu, cuda, H100, ... (default cpu)")
-    group.add_argument("--device-memory-gib", type=float, default=0.0,
+    group.add_argument("--device-kind", help="cpu, cuda, H100, ... (default cpu)")
+    group.add_argument("--device-memory-gib", type=float,
                        help="memory per device (default: unknown)")
     group.add_argument("--cluster", metavar="FILE",
                        help="YAML with `nodes: [{name, device_count, device_kind, "
@@ -90,18 +90,20 @@ def _at_least_one(text: str) -> int:
 def cluster_from_args(args: argparse.Namespace,
                       spec: scheduler_pb2.JobSpec) -> scheduler_pb2.ClusterSpec:
     """The cluster the flags describe; empty when none is given (the scheduler uses the config).
-    A count flag not given takes the job's `trainer` value."""
+    Any one flag describes it: a count flag not given takes the job's `trainer` value, a
+    device flag not given its default (cpu, memory unknown)."""
     if args.cluster:
         return _cluster_file(args.cluster)
-    if args.nodes is None and args.devices_per_node is None:
+    flags = (args.nodes, args.devices_per_node, args.device_kind, args.device_memory_gib)
+    if all(flag is None for flag in flags):
         return scheduler_pb2.ClusterSpec()
     nodes = args.nodes if args.nodes is not None else _trainer_setting(spec, "nnodes")
     per_node = (args.devices_per_node if args.devices_per_node is not None
                 else _trainer_setting(spec, "n_ranks_per_node"))
     return scheduler_pb2.ClusterSpec(nodes=[
         scheduler_pb2.ClusterNode(name=f"node-{i}", device_count=per_node,
-                                  device_kind=args.device_kind,
-                                  device_memory_gib=args.device_memory_gib)
+                                  device_kind=args.device_kind or "cpu",
+                                  device_memory_gib=args.device_memory_gib or 0.0)
         for i in range(nodes)
     ])
 

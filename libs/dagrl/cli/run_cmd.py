@@ -94,7 +94,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--no-tracing", action="store_true",
                         help="do not start the metrics service (no spans are exported)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.set_defaults(run=run, cluster=None, nodes=None, devices_per_node=None)
+    parser.set_defaults(run=run, cluster=None, nodes=None, devices_per_node=None,
+                        device_kind=None, device_memory_gib=None)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -145,11 +146,15 @@ def _run_job(args: argparse.Namespace, signals: SignalLatch,
     with (_services(args, signals, handover) as (scheduler, extra_overrides),
           scheduler.client() as client):
         spec = build_job_spec(args.file, [*args.overrides, *extra_overrides])
-        with signals.deferred():  # a job submitted is a job whose id we know
-            job = client.submit(spec, cluster_from_args(args, spec))
+        job: scheduler_pb2.Job | None = None
         try:
+            with signals.deferred():  # a job submitted is a job whose id we know
+                job = client.submit(spec, cluster_from_args(args, spec))
+            # a signal during the submit is raised here, with the job submitted
             return _follow(client, job, quiet=args.quiet), None
         except StopRequested as stop:
+            if job is None:
+                raise  # nothing was submitted
             say(f"\n{stop}: cancelling {job.job_id} and waiting for it to stop ...")
             return _cancel(client, job.job_id), stop
 

@@ -8,10 +8,13 @@ thread, where the command can clean up. Only the first one does: while the comma
 drains, a second signal prints a note and is otherwise ignored.
 
     with ending_signals() as signals:
-        with signals.deferred():       # a signal here is raised when the block ends
-            job = client.submit(...)   # so a job is never submitted without its id known
-        follow(job)                    # StopRequested from here on
-        signals.quiet()                # stopping the services is never cut short
+        try:
+            with signals.deferred():       # a signal here is raised when the block ends
+                job = client.submit(...)   # so a job is never submitted without its id known
+            follow(job)
+        except StopRequested:              # from the block's end on, with the job's id:
+            cancel(job)                    # the handler covers the deferred block's end too
+        signals.quiet()                    # stopping the services is never cut short
 """
 
 from __future__ import annotations

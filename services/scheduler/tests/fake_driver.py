@@ -8,6 +8,8 @@ What it does depends on the job's name:
     sleep    wait for SIGTERM, then exit 0 (like a driver stopping its workers)
     stubborn ignore SIGTERM, start a child process (logged as `child pid N`), create the job's
              rendezvous file as its ranks would (logged as `rendezvous PATH`) and sleep
+    oblivious wait for SIGTERM without reading the job's state first (a driver still starting
+             up, which has not seen that its job was cancelled)
 It checks that it received the plan, and fails the job when it did not.
 Every process it starts (itself, the stubborn child) is appended to the file named by
 `DAGRL_TEST_FAKE_DRIVER_PIDS` when set: the integration tests' fixture stops each by PID.
@@ -48,6 +50,12 @@ def main() -> int:
     args = parser.parse_args()
     store = JobStore(redis.Redis.from_url(args.redis_url))
     record = store.get(args.job_id)
+    if record.name == "oblivious":
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        print(f"fake driver for {args.job_id}: oblivious", flush=True)
+        stop.wait(120)
+        return 0
     plan = scheduler_pb2.Plan.FromString(record.plan)
     if plan.world_size < 1 or record.state is not JobState.RUNNING:
         store.set_state(args.job_id, JobState.FAILED, "fake driver: no plan or not RUNNING")

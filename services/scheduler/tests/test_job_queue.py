@@ -43,3 +43,18 @@ def test_a_job_larger_than_the_slots_is_named() -> None:
     assert problem is not None
     assert "needs 8 ranks" in problem and "2 slots (DAGRL_SCHEDULER_SLOTS)" in problem
     assert "trainer.nnodes x trainer.n_ranks_per_node" in problem
+
+
+def test_a_job_queued_again_keeps_one_place_and_a_running_one_is_not_queued() -> None:
+    """A recovery retried after a failure re-queues the jobs it queued the first time: each
+    keeps its one place, and a job that started meanwhile is not queued behind itself."""
+    queue = JobQueue()
+    queue.hold("running", 2)
+    assert queue.add("a", slots=2, capacity=2) and queue.add("b", slots=2, capacity=2)
+    assert not queue.add("a", slots=2, capacity=2, priority=9)
+    assert not queue.add("running", slots=2, capacity=2)
+    assert positions(queue) == [(1, "a"), (2, "b")]
+    queue.release("running")
+    assert queue.take_startable() == ["a"]
+    assert not queue.add("a", slots=2, capacity=2)
+    assert positions(queue) == [(1, "b")] and queue.knows("a") and not queue.knows("c")

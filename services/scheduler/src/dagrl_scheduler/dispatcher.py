@@ -3,8 +3,9 @@
 Owns admission and starting: a planned job that could never fit the slots is refused
 (RESOURCE_EXHAUSTED); otherwise it is stored PENDING with its plan and queued (`job_queue`).
 A dispatch starts the queued jobs that fit now, one dispatch at a time so they start in queue
-order (PLANNING -> RUNNING -> `DriverSupervisor.launch`), and records every other queued job's
-position and waiting reason. A queued job that is cancelled leaves the queue here.
+order (PLANNING -> RUNNING -> `DriverSupervisor.launch`; a job that cannot start is FAILED
+"could not start: ...", never left PENDING), and records every other queued job's position
+and waiting reason. A queued job that is cancelled leaves the queue here.
 
 Does not own planning (`job_planner`), the queue's order and slot arithmetic (`job_queue`),
 nor a driver once launched (`supervisor`: it frees the slots when the driver exits).
@@ -20,14 +21,14 @@ import yaml
 
 from dagrl import telemetry
 from dagrl.errors import ResourceExhaustedError
-from dagrl.jobs import JobRecord, JobState, JobStore, new_job_id
+from dagrl.jobs import JobRecord, JobState, JobStateError, JobStore, new_job_id
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
 from dagrl_scheduler import launcher
 from dagrl_scheduler.config import SchedulerConfig
 from dagrl_scheduler.job_queue import JobQueue, Waiting, too_large_problem
 from dagrl_scheduler.planning import Plan
 from dagrl_scheduler.specs import ResolvedJob
-from dagrl_scheduler.supervisor import DriverSupervisor
+from dagrl_scheduler.supervisor import DriverSupervisor, settle
 
 log = logging.getLogger(__name__)
 
@@ -101,14 +102,25 @@ class JobDispatcher:
         return stored.world_size, self._config.slots or cluster
 
     def _start(self, store: JobStore, job_id: str) -> None:
+        """PLANNING -> RUNNING -> launch. A job that cannot start never hangs PENDING: a
+        cancel meanwhile has settled it, a driver that did not start has FAILED it, anything
+        else (Redis failing between two writes) FAILs it here, "could not start: ..."."""
         try:
             store.set_queued(job_id, 0, "")
             store.set_state(job_id, JobState.PLANNING)
             store.set_state(job_id, JobState.RUNNING)
             self._drivers.launch(store, job_id)
-        except Exception as exc:  # cancelled meanwhile, or the driver did not start
+        except (JobStateError, launcher.DriverLaunchError) as exc:
             self._queue.release(job_id)
             log.warning("job %s: not started: %s", job_id, exc)
+        except Exception as exc:
+            self._queue.release(job_id)
+            log.warning("job %s: could not start: %s", job_id, exc)
+            try:
+                settle(store, job_id, f"could not start: {exc}; submit it again")
+                store.set_queued(job_id, 0, "")
+            except Exception as again:  # still failing: a restarted scheduler settles it
+                log.warning("job %s: its failure could not be recorded: %s", job_id, again)
 
     def _queue_reason(self, position: int, waiting: Waiting) -> str:
         free = max(0, waiting.capacity - self._queue.used_slots)

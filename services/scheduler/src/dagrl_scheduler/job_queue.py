@@ -55,11 +55,21 @@ class JobQueue:
         with self._lock:
             return sum(self._running.values())
 
-    def add(self, job_id: str, slots: int, capacity: int, priority: int = 0) -> None:
-        """Queue a submitted job; `take_startable` decides when it starts."""
+    def add(self, job_id: str, slots: int, capacity: int, priority: int = 0) -> bool:
+        """Queue a submitted job; `take_startable` decides when it starts. A job already
+        waiting or running is left as it is (a recovery retried after a failure queues its
+        jobs again); whether it was queued."""
         with self._lock:
+            if self._knows(job_id):
+                return False
             self._waiting.append(Waiting(job_id, slots, capacity, priority, next(self._orders)))
             self._waiting.sort(key=Waiting.sort_key)
+            return True
+
+    def knows(self, job_id: str) -> bool:
+        """Whether the job is waiting or holds slots."""
+        with self._lock:
+            return self._knows(job_id)
 
     def hold(self, job_id: str, slots: int) -> None:
         """Count a job that runs already (a driver a restarted scheduler re-adopted)."""
@@ -95,6 +105,9 @@ class JobQueue:
         """(1-based position, job) of each waiting job, in start order."""
         with self._lock:
             return list(enumerate(self._waiting, start=1))
+
+    def _knows(self, job_id: str) -> bool:
+        return job_id in self._running or any(w.job_id == job_id for w in self._waiting)
 
     def drain(self) -> list[str]:
         """Empty the queue (the scheduler stops); the ids of the jobs that were waiting."""

@@ -8,15 +8,19 @@
     exit:    record not final -> FAILED "driver exited with code N" + its log's tail
              (CANCELLED instead when a cancel was requested)
     cancel:  a queued job leaves the queue -> CANCELLED; a running one:
-             request_cancel -> SIGTERM the driver -> wait cancel_grace_s -> SIGKILL its
-             process group -> CANCELLED
+             request_cancel -> (the record read again: its driver may have just started)
+             SIGTERM the driver -> wait cancel_grace_s -> SIGKILL its process group ->
+             CANCELLED; a driver recorded after that read is stopped by its launch
     restart: for every job that is not final: a queued PENDING job is queued again (same
              order and priority); other PENDING/PLANNING -> FAILED (it never launched);
              RUNNING -> re-adopted when its driver is alive on this host, else FAILED
-             "scheduler restarted; driver lost"
+             "scheduler restarted; driver lost". A retry after a failure halfway skips what
+             is queued or adopted already. Not for `stop_drivers_on_exit` (`dagrl run`'s
+             embedded scheduler): the jobs it finds belong to another scheduler sharing the
+             Redis (`--redis-url`), and it touches only its own
     close:   watchers end with UNAVAILABLE "shutting down"; queued jobs stay PENDING (a
-             restart queues them again; CANCELLED when `stop_drivers_on_exit`);
-             drivers keep running, unless
+             restart queues them again; CANCELLED, out of the queue, when
+             `stop_drivers_on_exit`); drivers keep running, unless
              `stop_drivers_on_exit` (the embedded scheduler of `dagrl run`): then they are
              stopped like a cancel and their jobs CANCELLED
 
@@ -102,7 +106,10 @@ class JobManager:
                 f"job {job_id} already ended ({record.state.value}); there is nothing to cancel")
         if self._dispatcher.cancel_queued(store, job_id):
             return store.get(job_id)
-        store.request_cancel(job_id)
+        # Read again once the flag is set: a dispatch may have taken the job off the queue and
+        # launched its driver since the read above. A launch that records its driver after
+        # this read sees the flag and stops the driver itself (`DriverSupervisor.launch`).
+        record = store.request_cancel(job_id)
         reason = self._drivers.stop_cancelled(record)
         try:
             return store.set_state(job_id, JobState.CANCELLED, reason)
@@ -133,7 +140,11 @@ class JobManager:
                 client.ping()
                 store = JobStore(client)
                 # Before any job RPC sees the store: a job submitted now must not be "recovered".
-                self._recover(store)
+                # An embedded scheduler (`stop_drivers_on_exit`, `dagrl run`'s) has submitted
+                # nothing yet: the jobs there belong to another scheduler sharing this Redis
+                # (`dagrl run --redis-url`), which it must neither re-queue nor settle.
+                if not self._config.stop_drivers_on_exit:
+                    self._recover(store)
             except redis.RedisError as exc:
                 client.close()
                 raise UnavailableError(
@@ -144,10 +155,12 @@ class JobManager:
         return store
 
     def _recover(self, store: JobStore) -> None:
-        """Settle jobs a previous scheduler process left unfinished (see the module doc)."""
+        """Settle jobs a previous scheduler process left unfinished (see the module doc).
+        Idempotent: a retry after a failure halfway skips the jobs already queued again or
+        re-adopted."""
         host = launcher.this_host()
         for record in sorted(store.list_jobs(), key=lambda r: r.created_unix_ms):
-            if record.state.is_final:
+            if record.state.is_final or self._queue.knows(record.job_id):
                 continue
             job_id = record.job_id
             if record.state is JobState.PENDING and record.queue_position and record.plan:
@@ -179,8 +192,10 @@ class JobManager:
             self._drivers.stop_all()
             for job_id in queued:
                 with contextlib.suppress(UnavailableError, redis.RedisError):
-                    settle(self.store(), job_id, "the scheduler stopped while the job "
-                           "was queued", JobState.CANCELLED)
+                    store = self.store()
+                    settle(store, job_id, "the scheduler stopped while the job was queued",
+                           JobState.CANCELLED)
+                    store.set_queued(job_id, 0, "")  # `dagrl status`: not "QUEUED #1"
         with self._lock:
             if self._client is not None:
                 self._client.close()

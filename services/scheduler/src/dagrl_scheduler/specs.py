@@ -28,6 +28,7 @@ class ResolvedJob:
     graph: TaskGraph
     workflow_source: str  # names the workflow in messages
     cluster: Cluster
+    config_source: str = "<config>"  # names the config in messages
 
 
 def resolve_job(spec: scheduler_pb2.JobSpec, cluster: scheduler_pb2.ClusterSpec,
@@ -44,10 +45,11 @@ def resolve_job(spec: scheduler_pb2.JobSpec, cluster: scheduler_pb2.ClusterSpec,
     else:
         resolved_cluster = cluster_from_config(config)
     kinds = {node.kind_key for node in resolved_cluster.nodes}
+    config_source = spec.config_source or "<config>"
     problems = engine_device_problems(config, kinds)
     if problems:
-        raise ConfigError(problems, source=spec.config_source or "<config>")
-    return ResolvedJob(config, graph, source, resolved_cluster)
+        raise ConfigError(problems, source=config_source)
+    return ResolvedJob(config, graph, source, resolved_cluster, config_source)
 
 
 def cluster_from_config(config: JobConfig) -> Cluster:

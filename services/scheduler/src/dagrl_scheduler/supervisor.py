@@ -1,11 +1,12 @@
 """The drivers of running jobs: launch each, wait for it to exit, record how it ended, stop it.
 
 Owns the driver processes this scheduler started (and the re-adopted drivers of a previous
-one): a job moved to RUNNING gets its driver started and recorded (`JobStore.set_driver`); a
-monitor thread per driver waits for it (a child by `wait`, an adopted driver by polling its
-PID), frees its slots in the queue, and, when the record is not final yet, settles it FAILED
-with the driver's exit code and log tail (CANCELLED when a cancel was requested); then
-`on_exit` starts what the freed slots allow. Stopping is by signals for this host's drivers
+one): a job moved to RUNNING gets its driver started and recorded (`JobStore.set_driver`),
+and stopped at once when a cancel came while it started; a monitor thread per driver waits
+for it (a child by `wait`, an adopted driver by polling its PID), frees its slots in the
+queue, and, when the record is not final yet, settles it FAILED with the driver's exit code
+and log tail (CANCELLED when a cancel was requested); then `on_exit` starts what the freed
+slots allow. Stopping is by signals for this host's drivers
 (`launcher.stop_driver`), by the cancel flag only for another host's.
 
 Does not own which job starts when (`dispatcher`), the process mechanics (`launcher`: argv,
@@ -73,10 +74,19 @@ class DriverSupervisor:
         except launcher.DriverLaunchError as exc:
             store.set_state(job_id, JobState.FAILED, str(exc))
             raise
-        store.set_driver(job_id, process.pid, launcher.this_host(), str(log_path))
+        try:
+            record = store.set_driver(job_id, process.pid, launcher.this_host(), str(log_path))
+        except Exception:  # the dispatcher settles the job FAILED: its driver must not run on
+            self._stop_in_background(job_id, process)
+            raise
         with self._lock:
             self._children[job_id] = process
         self._monitor(job_id, process.wait)
+        if record.cancel_requested or record.state.is_final:
+            # Cancelled while it was being launched: the cancel read the record before the
+            # driver was recorded, so it signalled nothing (`manager.JobManager.cancel`).
+            log.info("job %s: cancelled while its driver started; stopping it", job_id)
+            self._stop_in_background(job_id, process)
 
     def adopt(self, record: JobRecord, ranks: int) -> None:
         """Watch the live driver of a job a previous scheduler process launched; its `ranks`
@@ -118,6 +128,13 @@ class DriverSupervisor:
             except (UnavailableError, redis.RedisError) as exc:
                 log.warning("job %s: driver stopped; its state could not be recorded: %s",
                             job_id, exc)
+
+    def _stop_in_background(self, job_id: str, process: subprocess.Popen[bytes]) -> None:
+        """Stop a driver as a cancel does, without holding up the dispatch that launched it;
+        its monitor records how the job ended."""
+        threading.Thread(target=launcher.stop_driver, name=f"stop-{job_id}",
+                         args=(process.pid, job_id, self._config.cancel_grace_s, process),
+                         daemon=True).start()
 
     def _monitor(self, job_id: str, wait: Callable[[], int | None]) -> None:
         def run() -> None:
