@@ -3,7 +3,8 @@
 The config's sections check themselves (`dagrl.config.job`) and a workflow checks its own
 shape (`dagrl.workflow`); what needs both lives here, so the scheduler (PlanJob, SubmitJob),
 `dagrl run` and the worker refuse the same jobs in the same words (`dagrl.rpc.jobspec` calls
-`check_job`). Checks read names and flags only: no path is read and no code is imported.
+`check_job`). Checks read names and flags, no code is imported, and one file only: a
+policy checkpoint's config.json, for vLLM's length limit, where this process can read it.
 
 Owns the batch-field rule (a node reads only built-in fields some node upstream of it writes,
 `dagrl.batch.schema`, by the executor kind `dagrl.node_kinds.executor_kind` gives each node).
@@ -12,7 +13,9 @@ Which checkpoint an agent's policy or critic starts from is `dagrl.checkpoint_pa
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Protocol
 
 from dagrl.batch import schema as fields
@@ -45,7 +48,7 @@ def job_problems(config: JobConfig, graph: TaskGraph) -> list[str]:
     return [*_checkpoint_problems(config, graph), *_old_log_prob_problems(config, graph),
             *batch_field_problems(config, graph), *estimator_problems(config, graph),
             *_model_reward_problems(graph), *_over_sample_problems(config, graph),
-            *_engine_length_problems(config),
+            *_engine_length_problems(config), *_model_length_problems(config, graph),
             *engine_device_problems(config, {config.trainer.device})]
 
 
@@ -108,6 +111,48 @@ def _engine_length_problems(config: JobConfig) -> list[str]:
             f"{data.max_response_length} = {longest}): vLLM would cut responses without telling; "
             f"raise max_model_len to at least {longest} (or leave it unset for the model's own "
             "limit), or lower the data lengths"]
+
+
+def _model_length_problems(config: JobConfig, graph: TaskGraph) -> list[str]:
+    """vLLM without `max_model_len` takes the checkpoint's `max_position_embeddings` as its
+    limit and cuts there without telling, as above: a prompt and its response must fit that
+    too. Read from each policy's config.json where this process can read it (a scheduler on
+    another host may not: the ranks' own check has the same rule)."""
+    rollout, data = config.actor_rollout_ref.rollout, config.data
+    longest = data.max_prompt_length + data.max_response_length
+    if rollout.name != "vllm" or rollout.max_model_len is not None:
+        return []
+    problems: list[str] = []
+    for agent in graph.agent_groups():
+        try:
+            path = model_path(graph, agent, NodeRole.ACTOR, config)
+        except ConfigError:
+            continue  # `_checkpoint_problems` names it
+        positions = model_positions(path)
+        if positions is not None and positions < longest:
+            problems.append(
+                f"data.max_prompt_length + data.max_response_length ({data.max_prompt_length} "
+                f"+ {data.max_response_length} = {longest}) is longer than the model's "
+                f"max_position_embeddings ({positions}, {path}/config.json), vLLM's limit when "
+                "actor_rollout_ref.rollout.max_model_len is unset: it would cut responses "
+                "without telling; lower the data lengths")
+    return problems
+
+
+def model_positions(path: str) -> int | None:
+    """The `max_position_embeddings` of the checkpoint folder `path` (its text model's, for a
+    multimodal config), None where the folder or the key is not there to read."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    for section in (config, config.get("text_config")):
+        value = section.get("max_position_embeddings") if isinstance(section, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def _node_config_problems(graph: TaskGraph) -> list[str]:

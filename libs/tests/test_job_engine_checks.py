@@ -4,6 +4,9 @@ tensor parallelism on CPU (refused by vLLM only after its process groups existed
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import grpc
 import pytest
 
@@ -37,6 +40,22 @@ def test_a_max_model_len_shorter_than_prompt_plus_response_is_refused() -> None:
 ])
 def test_a_max_model_len_that_fits_or_is_unused_passes(overrides: tuple[str, ...]) -> None:
     validate_job(scheduler_pb2.JobSpec(overrides=[*VLLM, *overrides]))
+
+
+def test_without_max_model_len_the_checkpoints_positions_must_hold_prompt_plus_response(
+        tmp_path: Path) -> None:
+    """vLLM then takes the checkpoint's max_position_embeddings as its limit (and cuts there
+    without telling); a checkpoint this process cannot read is left to the ranks."""
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 80}))
+    at_path = f"actor_rollout_ref.model.path={tmp_path}"
+    message = refusal(at_path)
+    assert "64 + 32 = 96" in message and "max_position_embeddings (80" in message
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {
+        "max_position_embeddings": 96}}))
+    validate_job(scheduler_pb2.JobSpec(overrides=[*VLLM, at_path]))
+    (tmp_path / "config.json").write_text("not json")
+    validate_job(scheduler_pb2.JobSpec(overrides=[*VLLM, at_path]))
+    validate_job(scheduler_pb2.JobSpec(overrides=[*VLLM]))  # /models/policy: not here to read
 
 
 def test_tensor_parallelism_on_cpu_is_refused() -> None:
