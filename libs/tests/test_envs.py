@@ -4,6 +4,7 @@ and the workflow check of agent nodes."""
 import asyncio
 import re
 
+import numpy
 import pytest
 
 from dagrl.envs import (
@@ -95,6 +96,37 @@ def test_episode_reward_sums_steps_unless_env_overrides() -> None:
         def get_rewards(self, trajectory: Trajectory) -> float:
             return trajectory.results[-1].reward
     assert episode_reward(LastOnly(), trajectory) == 1.0
+
+
+class Scored(MathEnv):
+    def __init__(self, value: object) -> None:
+        super().__init__()
+        self.value = value
+
+    def get_rewards(self, trajectory: Trajectory) -> object:
+        return self.value
+
+
+@pytest.mark.parametrize("value", [float("nan"), None, True, "1.0"])
+def test_a_step_reward_that_is_not_a_finite_real_number_is_refused(value: object) -> None:
+    trajectory = Trajectory(sample={}, actions=["a", "b"],
+                            results=[StepResult("", 0.5, False), StepResult("", value, True)])
+    with pytest.raises(TypeError, match=r"MathEnv.step's StepResult.reward \(step 2\) is"):
+        episode_reward(MathEnv(), trajectory)
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan"), None, False])
+def test_get_rewards_must_return_a_finite_real_number(value: object) -> None:
+    with pytest.raises(TypeError, match=r"Scored\.get_rewards returned"):
+        episode_reward(Scored(value), Trajectory(sample={}))
+
+
+def test_numpy_scalars_are_rewards_and_a_sum_past_a_double_is_not() -> None:
+    assert episode_reward(Scored(numpy.float32(0.5)), Trajectory(sample={})) == 0.5
+    assert episode_reward(Scored(numpy.int64(2)), Trajectory(sample={})) == 2.0
+    huge = Trajectory(sample={}, results=[StepResult("", 1e308, False)] * 2)
+    with pytest.raises(TypeError, match="the sum of MathEnv's step rewards is inf"):
+        episode_reward(MathEnv(), huge)
 
 
 def test_env_factory_builtins_and_refs(tmp_path) -> None:

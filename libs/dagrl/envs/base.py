@@ -9,6 +9,8 @@ loop does (`dagrl_worker.rank.rollout.multiturn`).
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -23,7 +25,7 @@ class StepResult:
     """What an environment answers to one action."""
 
     observation: str  # text the agent reads before its next turn
-    reward: float
+    reward: float  # a finite real number (not a bool); see `episode_reward`
     done: bool  # True ends the episode
     info: dict[str, Any] = field(default_factory=dict)  # free-form; see TOOL_CALLS, TOOL_ERRORS
 
@@ -64,12 +66,24 @@ class Environment(Protocol):
 
 
 def episode_reward(env: Environment, trajectory: Trajectory) -> float:
-    """`env.get_rewards(trajectory)` when the env defines it, else the sum of step rewards."""
+    """`env.get_rewards(trajectory)` when the env defines it, else the sum of step rewards;
+    TypeError unless each reward it uses, and the result, is a finite real number
+    (`reward_value`)."""
+    name = type(env).__name__
     get_rewards = getattr(env, "get_rewards", None)
-    if get_rewards is None:
-        return float(sum(r.reward for r in trajectory.results))
-    value = get_rewards(trajectory)
-    if not isinstance(value, int | float) or value != value:
-        raise TypeError(f"{type(env).__name__}.get_rewards returned {value!r}; "
-                        "it must return a finite number (the episode's reward)")
-    return float(value)
+    if get_rewards is not None:
+        return reward_value(get_rewards(trajectory), f"{name}.get_rewards returned")
+    total = sum(reward_value(r.reward, f"{name}.step's StepResult.reward (step {i + 1}) is")
+                for i, r in enumerate(trajectory.results))
+    return reward_value(total, f"the sum of {name}'s step rewards is")
+
+
+def reward_value(value: Any, what: str) -> float:
+    """`value` as a float when it is a finite real number (`numbers.Real`: int, float,
+    numpy's scalars, Fraction), else TypeError beginning with `what`. A bool is refused: a flag
+    where a reward belongs is more often a slip than a choice, and `1.0 if ok else 0.0` says
+    it."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    hint = "; for a bool, write 1.0 if ... else 0.0" if isinstance(value, bool) else ""
+    raise TypeError(f"{what} {value!r}; a reward must be a finite real number{hint}")

@@ -102,12 +102,93 @@ def test_a_reply_cut_by_length_gets_the_template_closing_inserted() -> None:
                                   "<|im_start|>assistant\n")
 
 
-def test_stop_strings_cut_the_reply_and_keep_its_sampled_tokens() -> None:
+def test_stop_strings_cut_the_reply_before_the_stop_in_text_and_tokens() -> None:
     answer = sampled("<tool>1+2</tool> and more")
     reply = RENDERER.reply(answer.ids, answer.log_probs, ("</tool>",))
     assert reply.text == "<tool>1+2" and reply.finished
-    assert reply.ids == ids("<tool>1+2</tool>")
+    assert reply.ids == ids("<tool>1+2")  # the stop string's tokens are not kept
     assert reply.log_probs == answer.log_probs[:len(reply.ids)]
+
+
+def test_a_react_program_that_appends_the_stop_text_gets_it_once() -> None:
+    """A completions program stops at "Observation:" and appends it with the tool's answer,
+    as a ReAct loop does: the engine is given exactly the text the program sent."""
+    session = Session(key="k")
+    first = RENDERER.completion_prompt(session, "Q: 12+34?\n")
+    answer = sampled("Action: calc 12+34\nObservation: 99\n", eos=False)
+    reply = RENDERER.reply(answer.ids, answer.log_probs, ("Observation:",))
+    assert reply.text == "Action: calc 12+34\n"
+    session.record(first.parent, first.ids, first.inserted,
+                   [(Sampled(reply.ids, reply.log_probs, 3, reply.finished),
+                     CompletionTail(first.text + reply.text))])
+    sent = "Q: 12+34?\n" + reply.text + "Observation: 46\n"
+    second = RENDERER.completion_prompt(session, sent)
+    assert second.parent is session.sequences[0]
+    assert TOKENIZER.decode(second.ids) == sent
+    assert session.sequences[0].response_ids == ids("Action: calc 12+34\n")
+
+
+def test_a_stop_string_inside_a_token_keeps_only_whole_tokens_before_it() -> None:
+    tokenizer = BigramTokenizer()
+    renderer = Renderer(tokenizer)
+    answer = tokenizer.encode_pairs("ab|cd|e>|xy")  # the stop ">" starts inside "e>"
+    reply = renderer.reply(answer, [-0.1] * len(answer), (">",))
+    assert reply.ids == answer[:2] and reply.text == "abcd"
+    assert reply.log_probs == [-0.1, -0.1] and reply.finished
+
+
+def test_the_stop_scan_of_a_long_reply_costs_a_few_decodes() -> None:
+    tokenizer = CountingTokenizer()
+    renderer = Renderer(tokenizer)
+    text = "The quick brown fox jumps over the lazy dog. " * 100
+    long = ids(text)  # 4500 tokens
+    tokenizer.decodes = 0
+    reply = renderer.reply(long, [0.0] * len(long), ("</tool>",))
+    assert reply.text == text and tokenizer.decodes == 1  # no stop: one decode
+    found = ids(text + "</tool> more")
+    tokenizer.decodes = 0
+    reply = renderer.reply(found, [0.0] * len(found), ("</tool>",))
+    assert reply.text == text and reply.ids == long
+    assert tokenizer.decodes < 40, tokenizer.decodes  # a search, not one decode per token
+
+
+class CountingTokenizer:
+    """The char tokenizer, counting its decodes."""
+
+    def __init__(self) -> None:
+        self.inner = build_char_tokenizer()
+        self.eos_token_id = self.inner.eos_token_id
+        self.decodes = 0
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
+        self.decodes += 1
+        return str(self.inner.decode(token_ids, skip_special_tokens=skip_special_tokens))
+
+
+class BigramTokenizer:
+    """Tokens of two characters each (the pairs a test names), so a stop string can start
+    inside a token, as with BPE merges; id 0 is EOS."""
+
+    eos_token_id = 0
+
+    def __init__(self) -> None:
+        self.vocab: list[str] = ["<eos>"]
+
+    def __len__(self) -> int:
+        return len(self.vocab)
+
+    def encode_pairs(self, pairs: str) -> list[int]:
+        for pair in pairs.split("|"):
+            if pair not in self.vocab:
+                self.vocab.append(pair)
+        return [self.vocab.index(pair) for pair in pairs.split("|")]
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
+        return "".join(self.vocab[i] for i in token_ids
+                       if not (skip_special_tokens and i == self.eos_token_id))
 
 
 def test_other_choices_of_an_extending_call_start_sequences_of_their_own() -> None:

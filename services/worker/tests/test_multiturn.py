@@ -3,9 +3,11 @@ metrics, a DAGWorker step."""
 
 import asyncio
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy
 import pytest
 import torch
 import yaml
@@ -24,7 +26,7 @@ from dagrl_worker.rank.executors.base import AgentModels, StepContext
 from dagrl_worker.rank.executors.multiturn import MultiTurnRolloutExecutor
 from dagrl_worker.rank.executors.table import build_executor
 from dagrl_worker.rank.prompts import prompts_to_batch
-from dagrl_worker.rank.rollout import HFRollout, SamplingParams
+from dagrl_worker.rank.rollout import HFRollout, SamplingParams, multiturn
 from dagrl_worker.rank.rollout.multiturn import (
     TurnLimits,
     backend_generate_fn,
@@ -185,6 +187,75 @@ def test_a_backend_without_log_probs_leaves_them_out() -> None:
     generate, _ = fixed_generate("ab<|im_end|>")
     _, out = play(samples_batch([2, 1]), generate, TurnLimits(3, 8, 64))
     assert "rollout_log_probs" not in out and "responses" in out
+
+
+class FlakyEnv:
+    """One step; what it does is the sample's `extra_info["mode"]`: answer 1.0, or fail in
+    one of the ways an env can."""
+
+    async def reset(self, sample: dict[str, Any]) -> str:
+        self.mode = sample["extra_info"]["mode"]
+        if self.mode == "reset_raises":
+            raise ConnectionError("sandbox unreachable")
+        return ""
+
+    async def step(self, action: str, ground_truth: str) -> StepResult:
+        if self.mode == "hangs":
+            await asyncio.Event().wait()
+        if self.mode == "step_raises":
+            raise KeyError("sandbox")
+        rewards = {"nan": float("nan"), "none": None, "bool": True,
+                   "float32": numpy.float32(1.0)}
+        return StepResult("", rewards.get(self.mode, 1.0), True)  # type: ignore[arg-type]
+
+    def get_rewards(self, trajectory: Any) -> Any:
+        if self.mode == "rewards_raise":
+            raise ValueError("no verifier")
+        value = trajectory.results[-1].reward
+        return float("inf") if self.mode == "inf" else value
+
+
+def play_flaky(modes: list[str]) -> tuple[list[Any], Batch]:
+    rows = {"prompt_ids": [ids("hi")] * len(modes), "index": list(range(len(modes))),
+            "data_source": ["arith"] * len(modes), "extra_info": [{"mode": m} for m in modes]}
+    batch = prompts_to_batch(rows, TOKENIZER.pad_token_id, "t")
+    processor = TurnProcessor(TOKENIZER, agent_options("r", {"env": "math"}))
+    samples = [{k: v[i] for k, v in batch.columns.items()} for i in range(len(batch))]
+    prompts = [ids("hi")] * len(modes)
+    generate, _ = fixed_generate("ab<|im_end|>")
+    limits = replace(TurnLimits(3, 8, 64), env_timeout_s=0.2)
+    episodes = asyncio.run(asyncio.wait_for(run_episodes(
+        samples, prompts, FlakyEnv, processor, generate, limits), 10))
+    return episodes, episodes_to_batch(batch, episodes, TOKENIZER.pad_token_id, 64)
+
+
+def test_an_env_that_fails_an_episode_leaves_only_that_episode_out() -> None:
+    modes = ["ok", "reset_raises", "step_raises", "rewards_raise", "hangs", "nan", "inf",
+             "none", "bool", "float32"]
+    started = time.perf_counter()
+    episodes, out = play_flaky(modes)
+    assert time.perf_counter() - started < 5  # the hung step timed out
+    assert [e.failed for e in episodes] == [False] + [True] * 8 + [False]
+    errors = {mode: e.error for mode, e in zip(modes, episodes, strict=True)}
+    assert errors["reset_raises"] == ("ConnectionError: FlakyEnv.reset (sample t:1): sandbox "
+                                      "unreachable")
+    assert errors["step_raises"] == "KeyError: FlakyEnv.step (sample t:2): 'sandbox'"
+    assert errors["rewards_raise"].startswith("ValueError: FlakyEnv.get_rewards (sample t:3)")
+    assert errors["hangs"] == "TimeoutError: FlakyEnv.step (sample t:4) took longer than 0.2 s"
+    assert [e.timed_out for e in episodes] == [m == "hangs" for m in modes]
+    for mode in ("nan", "inf", "none", "bool"):
+        assert errors[mode].startswith("TypeError: FlakyEnv.get_rewards"), errors[mode]
+        assert "a reward must be a finite real number" in errors[mode]
+    assert out.columns["uid"] == ["t:0", "t:9"]  # the failed episodes' rows are left out
+    assert out.tensors["token_level_scores"].sum(dim=1).tolist() == [1.0, 1.0]
+
+
+def test_a_step_where_every_episode_failed_names_the_env_and_the_first_error() -> None:
+    with pytest.raises(multiturn.EnvEpisodeError) as failed:
+        play_flaky(["step_raises", "nan"])
+    message = str(failed.value)
+    assert "every one of the 2 multi-turn episodes failed" in message
+    assert "KeyError: FlakyEnv.step (sample t:0): 'sandbox'" in message
 
 
 def node(**kw: Any) -> Node:

@@ -3,27 +3,31 @@
 Owns the batching window: the first pending call opens it, and it stays open while calls keep
 arriving (each `window_s` that brings a new one extends it, up to `MAX_WINDOWS`) unless every
 open session already has a call waiting. The calls collected are served by one
-`RolloutBackend.generate` per distinct (temperature, top_p) they ask for (unset: the rollout's
-own sampling, greedy or not), each choice seeded by its name (`GenerationRequest.names`, so
-which calls share a generation, a matter of timing, does not change what is sampled), in a
-worker thread, so the endpoint keeps accepting calls
-(which join the next generation) while one runs. A call with `n` choices is n rows.
-`batch_sizes` records how many rows each backend generation had (tests and the
-`agent/batch_size/mean` metric read it).
+`RolloutBackend.generate` with the rollout's own sampling (`defaults`: a call may not sample
+otherwise, `Gateway._check_sampling`), each choice seeded by its name
+(`GenerationRequest.names`, so which calls share a generation, a matter of timing, does not
+change what is sampled), in a worker thread, so the endpoint keeps accepting calls (which join
+the next generation) while one runs. A call with `n` choices is n rows. A generation that
+fails, or whose answer cannot be read, fails the calls it served (a 500 naming the cause) and
+the batcher goes on serving the next ones. `batch_sizes` records how many rows each backend
+generation had (tests and the `agent/batch_size/mean` metric read it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
+from dagrl_worker.rank.agents.protocol import GatewayError
 from dagrl_worker.rank.agents.sessions import Sampled
 from dagrl_worker.rank.rollout.base import RolloutBackend, SamplingParams
 from dagrl_worker.rank.rollout.multiturn import as_continuation, backend_generate_fn
 
 MAX_WINDOWS = 20  # the longest a call waits for others: 20 batching windows
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -31,8 +35,6 @@ class GenerationRequest:
     prompt_ids: list[int]
     n: int
     max_new_tokens: int
-    temperature: float | None  # None: the rollout's sampling (greedy or not, its temperature)
-    top_p: float | None
     # one per choice: each choice is drawn from its own seed (the step's and this name), so
     # its tokens do not depend on which calls share its generation
     names: tuple[str, ...]
@@ -72,13 +74,9 @@ class GenerationBatcher:
             await self._collect(live)
             self._arrived.clear()
             pending, self._pending = self._pending, []
-            groups: dict[tuple[float | None, float | None], list[_Pending]] = {}
-            for item in pending:
-                if not item.future.done():  # its caller may have gone (timeout)
-                    key = (item.request.temperature, item.request.top_p)
-                    groups.setdefault(key, []).append(item)
-            for (temperature, top_p), items in groups.items():
-                await self._serve_group(items, temperature, top_p)
+            items = [item for item in pending if not item.future.done()]  # a caller may be gone
+            if items:
+                await self._answer(items)
 
     async def _collect(self, live: Callable[[], int]) -> None:
         """Wait while calls keep arriving: until every live session has a call waiting, a
@@ -91,30 +89,33 @@ class GenerationBatcher:
             if len(self._pending) == seen:
                 return
 
-    async def _serve_group(self, items: list[_Pending], temperature: float | None,
-                           top_p: float | None) -> None:
+    async def _answer(self, items: list[_Pending]) -> None:
+        """One generation for `items`; whatever fails in it fails them, not `serve`."""
         contexts = [item.request.prompt_ids for item in items for _ in range(item.request.n)]
         names = [name for item in items for name in item.request.names]
         width = max(item.request.max_new_tokens for item in items)
-        params = self.defaults if top_p is None else replace(self.defaults, top_p=top_p)
-        if temperature is not None:  # 0: greedy, as OpenAI's servers read it
-            params = replace(params, do_sample=temperature > 0,
-                             temperature=temperature if temperature > 0 else 1.0)
-        generate = backend_generate_fn(self.backend, self.pad_token_id, params)
         self.batch_sizes.append(len(contexts))
         started = time.perf_counter()
         try:
+            generate = backend_generate_fn(self.backend, self.pad_token_id, self.defaults)
             outputs = await asyncio.to_thread(generate, contexts, width, names)
-        except Exception as exc:  # every call of this generation fails with the engine's error
+            if len(outputs) != len(contexts):
+                raise RuntimeError(f"the rollout backend answered {len(outputs)} rows for "
+                                   f"{len(contexts)} prompts")
+            rows = iter(outputs)
+            answers = [[self._sampled(next(rows), item.request) for _ in range(item.request.n)]
+                       for item in items]
+        except Exception as exc:  # every call of this generation fails with its cause
+            log.exception("agent endpoint: a generation of %d rows failed", len(contexts))
+            error = GatewayError(500, f"the generation failed: {type(exc).__name__}: {exc}",
+                                 kind="server_error")
             for item in items:
                 if not item.future.done():
-                    item.future.set_exception(exc)
+                    item.future.set_exception(error)
             return
         finally:
             self.generate_s += time.perf_counter() - started
-        rows = iter(outputs)
-        for item in items:
-            choices = [self._sampled(next(rows), item.request) for _ in range(item.request.n)]
+        for item, choices in zip(items, answers, strict=True):
             if not item.future.done():
                 item.future.set_result(choices)
 

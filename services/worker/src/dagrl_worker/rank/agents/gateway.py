@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from dataclasses import replace
 from typing import Any
@@ -33,7 +34,7 @@ from dagrl_worker.rank.agents.protocol import (
     parse_completion,
 )
 from dagrl_worker.rank.agents.rendering import ChatTail, CompletionTail, Prompt, Renderer
-from dagrl_worker.rank.agents.sessions import Sequence, Session, SessionRegistry
+from dagrl_worker.rank.agents.sessions import Session, SessionRegistry
 
 HOST = "127.0.0.1"
 # what `stop()` waits for a call still in flight (a request half sent, a generation not
@@ -109,65 +110,102 @@ class Gateway:
         return web.json_response(models_answer(self.limits.model_name))
 
     async def _chat(self, request: web.Request) -> web.Response:
-        chat = parse_chat(parse_body(await request.read()), self.limits)
-        prompt = self.renderer.chat_prompt(request[_SESSION], chat.messages, chat.tools)
-        choices = await self._call(
-            request[_SESSION], prompt, chat.sampling,
-            lambda reply: ChatTail(chat.messages, chat.tools, prompt.text, reply))
-        return web.json_response(chat_answer(self.limits.model_name, choices, len(prompt.ids),
-                                             chat.sampling.logprobs))
+        return web.json_response(await self.chat(request[_SESSION],
+                                                 parse_body(await request.read())))
 
     async def _completions(self, request: web.Request) -> web.Response:
-        call = parse_completion(parse_body(await request.read()), self.limits)
-        prompt = self.renderer.completion_prompt(request[_SESSION], call.prompt)
-        choices = await self._call(request[_SESSION], prompt, call.sampling,
+        return web.json_response(await self.complete(request[_SESSION],
+                                                     parse_body(await request.read())))
+
+    async def chat(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
+        """The answer to one chat call of `session` (a parsed JSON body); GatewayError: the
+        refusal."""
+        chat = parse_chat(body, self.limits)
+        prompt = self.renderer.chat_prompt(session, chat.messages, chat.tools)
+        choices = await self._call(
+            session, prompt, chat.sampling,
+            lambda reply: ChatTail(chat.messages, chat.tools, prompt.text, reply))
+        return chat_answer(self.limits.model_name, choices, len(prompt.ids),
+                           chat.sampling.logprobs)
+
+    async def complete(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
+        """The answer to one completions call of `session`, as `chat`."""
+        call = parse_completion(body, self.limits)
+        prompt = self.renderer.completion_prompt(session, call.prompt)
+        choices = await self._call(session, prompt, call.sampling,
                                    lambda reply: CompletionTail(prompt.text + reply))
-        return web.json_response(completion_answer(self.limits.model_name, choices,
-                                                   len(prompt.ids), call.sampling.logprobs))
+        return completion_answer(self.limits.model_name, choices, len(prompt.ids),
+                                 call.sampling.logprobs)
 
     async def _call(self, session: Session, prompt: Prompt, sampling: Sampling,
                     tail: Any) -> list[Choice]:
         """Generate for one call within the session's budgets, record it, shape its choices."""
-        parent = prompt.parent
+        self._check_sampling(sampling)
         # a max_tokens past what the sequence has left is cut to it (finish_reason "length"),
         # as the multi-turn loop cuts a turn: the episode goes on and trains what it sampled;
         # with nothing left the reply is empty, "length", and nothing is generated or recorded
-        budget = self._budget(parent, prompt.ids, prompt.inserted)
+        budget = self._budget(prompt)
         if budget < 1:
             session.calls += 1
             return [Choice("", False, [], [], 0) for _ in range(sampling.n)]
         request = GenerationRequest(prompt.ids, sampling.n,
                                     min(sampling.max_tokens or budget, budget),
-                                    sampling.temperature, sampling.top_p,
                                     session.draw_names(sampling.n))
-        started, grown = time.perf_counter(), parent and len(parent.response_ids)
+        started = time.perf_counter()
         sampled = await self.batcher.generate(request)
         session.generate_s += time.perf_counter() - started
-        if parent is not None and len(parent.response_ids) != grown:
-            parent = None  # a concurrent call of this session extended it first: branch off
         replies = [self.renderer.reply(s.ids, s.log_probs, sampling.stop) for s in sampled]
         kept = [replace(s, ids=r.ids, log_probs=r.log_probs, finished=r.finished)
                 for s, r in zip(sampled, replies, strict=True)]
-        session.record(parent, prompt.ids, prompt.inserted,
+        # a concurrent call of this session that extended the parent first makes this one a
+        # branch of it (`Session.record`), budgeted as one already (`_budget`)
+        session.record(prompt.parent, prompt.ids, prompt.inserted,
                        [(s, tail(r.text)) for s, r in zip(kept, replies, strict=True)])
         return [Choice(r.text, r.finished, self.renderer.token_texts(r.ids) if sampling.logprobs
                        else [], r.log_probs, len(r.ids)) for r in replies]
 
-    def _budget(self, parent: Sequence | None, prompt_ids: list[int],
-                inserted: list[int]) -> int:
-        """Tokens this call may sample: what its sequence's response budget has left (<= 0:
-        spent); a first prompt over `max_prompt_tokens` is refused."""
-        limits = self.limits
-        if parent is None:
-            if len(prompt_ids) > limits.max_prompt_tokens:
-                raise GatewayError(400, f"the prompt is {len(prompt_ids)} tokens; at most "
-                                        f"{limits.max_prompt_tokens} are accepted "
-                                        "(agent_options.max_prompt_tokens)",
-                                   param="messages", code="context_length_exceeded")
-            left = limits.max_response_tokens
-        else:
-            left = limits.max_response_tokens - len(parent.response_ids) - len(inserted)
+    def _budget(self, prompt: Prompt) -> int:
+        """Tokens this call may sample: what its episode's response budget has left after
+        everything its prompt holds past the first prompt (`Sequence.used`; <= 0: spent). A
+        first prompt over `max_prompt_tokens`, or any prompt over `max_prompt_tokens +
+        max_response_tokens`, is refused."""
+        limits, length = self.limits, len(prompt.ids)
+        if prompt.parent is None and length > limits.max_prompt_tokens:
+            raise GatewayError(400, f"the prompt is {length} tokens; at most "
+                                    f"{limits.max_prompt_tokens} are accepted "
+                                    "(agent_options.max_prompt_tokens)",
+                               param="messages", code="context_length_exceeded")
+        longest = limits.max_prompt_tokens + limits.max_response_tokens
+        if length > longest:
+            raise GatewayError(400, f"the prompt is {length} tokens; a call that continues "
+                                    f"this session's earlier calls may be at most {longest} "
+                                    "(agent_options.max_prompt_tokens + "
+                                    "data.max_response_length): shorten what the program "
+                                    "adds (tool results, user turns) or start a new "
+                                    "conversation", param="messages",
+                               code="context_length_exceeded")
+        left = limits.max_response_tokens - (prompt.parent.used + len(prompt.inserted)
+                                             if prompt.parent is not None else 0)
         return min(left, limits.max_tokens_per_call)
+
+    def _check_sampling(self, sampling: Sampling) -> None:
+        """Refuse a `temperature` or `top_p` other than the rollout's: the trainer computes
+        the log-probs of what was sampled at the rollout's (its importance ratios and KL), so a
+        call that sampled otherwise would train off-policy without a word."""
+        rollout = self.batcher.defaults
+        temperatures = (rollout.temperature, 0.0) if not rollout.do_sample \
+            else (rollout.temperature,)
+        for name, asked, allowed in (("temperature", sampling.temperature, temperatures),
+                                     ("top_p", sampling.top_p, (rollout.top_p,))):
+            if asked is not None and not any(math.isclose(asked, a, rel_tol=1e-6)
+                                             for a in allowed):
+                raise GatewayError(
+                    400, f"{name}={asked}: this rollout samples with temperature="
+                         f"{rollout.temperature}, top_p={rollout.top_p}"
+                         f"{'' if rollout.do_sample else ' (greedy)'} "
+                         "(actor_rollout_ref.rollout; val_kwargs when validating), and the "
+                         "trainer's log-probs use those values; leave it out or send the "
+                         "rollout's", param=name)
 
 
 async def _refuse_and_close(request: web.Request, error: GatewayError) -> web.StreamResponse:

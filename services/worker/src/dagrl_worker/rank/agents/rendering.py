@@ -10,8 +10,14 @@ A chat call extends a sequence when its messages are that sequence's last call's
 then that call's reply as an assistant message (content unchanged, no tool_calls), then at
 least one more message, with the same tools; and when the template renders the old
 conversation as a prefix of the new one. The inserted tokens are the template's closing of
-the reply turn (less the EOS the model sampled itself) and everything after it. A reply cut
-by a stop string keeps its sampled tokens (the stop text included) in the sequence.
+the reply turn (less the EOS the model sampled itself) and everything after it.
+
+Stop strings. A reply is cut before its first stop string, and the sequence keeps only the
+sampled tokens whose text the program gets back: the tokens of the stop string (and a token
+that holds the text before it and the stop's start both) are dropped, and the text returned is
+what the kept tokens decode to. So the engine's context is the text the program sent: a ReAct
+program that appends the stop text itself ("Observation: ...") extends the sequence with it
+once, as OpenAI's API leaves the stop text out of the reply.
 """
 
 from __future__ import annotations
@@ -151,12 +157,32 @@ class Renderer:
         return self.encode(prompt[len(tail.text):])
 
     def reply(self, ids: list[int], log_probs: list[float], stops: tuple[str, ...]) -> Reply:
-        """The text of sampled `ids`; with stop strings, cut after the token that completes
-        the first one (its text is left out of the reply)."""
-        finished = ids[-1:] == [self.eos_token_id]
-        for end in range(1, len(ids) + 1) if stops else ():
-            text = self.decode(ids[:end], skip_special_tokens=True)
-            found = [text.find(s) for s in stops if s in text]
-            if found:
-                return Reply(ids[:end], log_probs[:end], text[:min(found)], True)
-        return Reply(ids, log_probs, self.decode(ids, skip_special_tokens=True), finished)
+        """The text of sampled `ids`; with stop strings, cut before the first one, as OpenAI's
+        API cuts (module docstring: the ids kept are those the text returned decodes from).
+        The whole reply is decoded once; only a reply that holds a stop string is decoded
+        again, O(log n) times (`_stop_end`), so a long reply costs about one decode."""
+        text = self.decode(ids, skip_special_tokens=True)
+        if not any(stop in text for stop in stops):
+            return Reply(ids, log_probs, text, ids[-1:] == [self.eos_token_id])
+        end = self._stop_end(ids, stops)
+        before = self.decode(ids[:end], skip_special_tokens=True)
+        before = before[:min(before.find(s) for s in stops if s in before)]
+        kept = end - 1  # ids[:end - 1] holds no stop string, but it may hold part of one
+        while kept > 0 and not before.startswith(self.decode(ids[:kept],
+                                                             skip_special_tokens=True)):
+            kept -= 1
+        return Reply(ids[:kept], log_probs[:kept],
+                     self.decode(ids[:kept], skip_special_tokens=True), True)
+
+    def _stop_end(self, ids: list[int], stops: tuple[str, ...]) -> int:
+        """The fewest leading `ids` whose text holds a stop string (the whole of `ids` does):
+        a binary search, since a longer prefix's text extends a shorter one's."""
+        low, high = 0, len(ids)  # ids[:low] holds none, ids[:high] holds one
+        while high - low > 1:
+            middle = (low + high) // 2
+            text = self.decode(ids[:middle], skip_special_tokens=True)
+            if any(stop in text for stop in stops):
+                high = middle
+            else:
+                low = middle
+        return high

@@ -15,7 +15,12 @@ template, tool results, user turns) and the sampled reply (loss mask 1). Any oth
 starts a new sequence (a program that rewrote, summarized or dropped its history): one
 training sample per call that does not extend. Choices 2..n of a call each start a
 sequence of their own whose prompt is what the engine was given, so no sampled token is
-trained twice.
+trained twice; so does a call that lost a race (another call of its session extended the same
+sequence while it generated).
+
+Budgets. Such a *branch*'s prompt holds its parent's tokens after the first prompt: its
+`offset` counts them, and what it samples after counts against the same response budget as
+its parent's (`Sequence.used`), so a branch never restarts the budget its episode spent.
 """
 
 from __future__ import annotations
@@ -43,6 +48,9 @@ class Sequence:
     """One training sample in the making: its first prompt, then every token after it."""
 
     prompt_ids: list[int]
+    # a branch's tokens of its prompt after the episode's first prompt (its parent's response
+    # and the text inserted after it): spent of the response budget before it began
+    offset: int = 0
     response_ids: list[int] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)  # 1 on sampled tokens
     log_probs: list[float] = field(default_factory=list)  # sampled tokens' (0 on the others)
@@ -53,6 +61,11 @@ class Sequence:
     def tokens(self) -> list[int]:
         """What the engine would be given to continue this sequence."""
         return self.prompt_ids + self.response_ids
+
+    @property
+    def used(self) -> int:
+        """The response budget it has spent: every token after its episode's first prompt."""
+        return self.offset + len(self.response_ids)
 
     def append(self, inserted: list[int], sampled: Sampled, tail: Transcript) -> None:
         self.response_ids += inserted + sampled.ids
@@ -94,13 +107,19 @@ class Session:
     def record(self, parent: Sequence | None, prompt_ids: list[int], inserted: list[int],
                choices: list[tuple[Sampled, Transcript]]) -> None:
         """Record one call: `prompt_ids` as given to the engine (`parent.tokens() + inserted`
-        when it extends `parent`), and each choice with the transcript it leaves."""
+        when it extends `parent`, as it was when the call began), and each choice with the
+        transcript it leaves. Without `parent` every choice starts a sequence; with it, the
+        first choice extends it unless another call extended it first (`prompt_ids` is no
+        longer its tokens), and the other choices branch off it (`offset`)."""
         self.calls += 1
+        extends = parent is not None and prompt_ids == parent.tokens() + inserted
+        offset = 0 if parent is None else parent.offset + len(prompt_ids) - len(
+            parent.prompt_ids)
         for index, (sampled, tail) in enumerate(choices):
-            if parent is not None and index == 0:
+            if parent is not None and extends and index == 0:
                 parent.append(inserted, sampled, tail)
                 continue
-            sequence = Sequence(prompt_ids=list(prompt_ids))
+            sequence = Sequence(prompt_ids=list(prompt_ids), offset=offset)
             sequence.append([], sampled, tail)
             self.sequences.append(sequence)
 
