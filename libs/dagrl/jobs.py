@@ -14,8 +14,11 @@ FAILED or CANCELLED from any non-final state. A final state never changes again.
 
 Every write is one optimistic transaction (WATCH the record, write only the changed fields,
 append the event): a driver reporting progress and a scheduler cancelling the job at the same
-moment cannot undo each other's change. Each event carries the state, step, total_steps and
-failure reason as of that event, so a watcher replays the history exactly (`read_job_events`).
+moment cannot undo each other's change. Each event carries the state, step, total_steps,
+failure reason, metrics (the last step's summary the driver reported) and time (`unix_ms`, the
+record's `updated_unix_ms`) as of that event, so a watcher replays the history exactly
+(`read_job_events`). Entries written before metrics and time were stored read as no metrics
+and the time of their stream entry id.
 """
 
 from __future__ import annotations
@@ -151,13 +154,18 @@ class JobRecord:
 
 @dataclass(frozen=True)
 class JobEvent:
-    """One entry of a job's event stream: the record's state and progress at that moment."""
+    """One entry of a job's event stream: the record's state, progress and time at that moment.
+
+    `metrics` are the last step's as of the event ({} before the first step, and for entries
+    written before metrics were stored); `unix_ms` is when it was written."""
 
     event_id: str
     state: JobState
     step: int
     total_steps: int
     failure_reason: str
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    unix_ms: int = 0
 
     @classmethod
     def from_entry(cls, event_id: str, fields: Mapping[bytes, bytes]) -> JobEvent:
@@ -165,13 +173,17 @@ class JobEvent:
             raw = fields.get(name.encode())
             return raw.decode() if raw is not None else default
 
+        # the entry id is "<redis server's unix ms>-<sequence>": older entries' only time
         return cls(event_id, JobState(text("state")), int(text("step", "0")),
-                   int(text("total_steps", "0")), text("reason"))
+                   int(text("total_steps", "0")), text("reason"),
+                   metrics=json.loads(text("metrics", "{}")),
+                   unix_ms=int(text("unix_ms", event_id.split("-", 1)[0])))
 
 
 def _event_fields(record: JobRecord) -> dict[str, str | int]:
     return {"state": record.state.value, "step": record.step, "total_steps": record.total_steps,
-            "reason": record.failure_reason}
+            "reason": record.failure_reason, "metrics": json.dumps(dict(record.metrics)),
+            "unix_ms": record.updated_unix_ms}
 
 
 def new_job_id() -> str:

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
+import time
 
 import pytest
 import redis
 
-from dagrl.jobs import JobRecord, JobState, JobStateError, JobStore, job_key
+from dagrl.jobs import (
+    JobRecord,
+    JobState,
+    JobStateError,
+    JobStore,
+    job_events_key,
+    job_key,
+)
 from dagrl.local.redis_server import LocalRedis
 
 pytestmark = pytest.mark.integration
@@ -67,6 +76,37 @@ def test_events_replay_each_state_and_step_as_recorded(store: JobStore) -> None:
         (JobState.RUNNING, 1), (JobState.RUNNING, 2), (JobState.FAILED, 2)]
     assert events[-1].failure_reason == "loss is nan" and events[-1].total_steps == 2
     assert store.read_job_events("job-b", after=events[-1].event_id, block_ms=10) == []
+
+
+def test_each_event_keeps_the_metrics_and_time_of_its_own_moment(store: JobStore) -> None:
+    running(store, "job-m")
+    for step, loss in ((1, 0.9), (2, 0.5)):
+        time.sleep(0.02)
+        store.report_progress("job-m", step, 2, {"actor/pg_loss": loss})
+    time.sleep(0.02)
+    final = store.set_state("job-m", JobState.SUCCEEDED)
+    events = store.read_job_events("job-m", block_ms=100)
+    assert [(e.step, dict(e.metrics)) for e in events] == [
+        (0, {}), (0, {}), (0, {}), (1, {"actor/pg_loss": 0.9}), (2, {"actor/pg_loss": 0.5}),
+        (2, {"actor/pg_loss": 0.5})]
+    times = [e.unix_ms for e in events]
+    assert times == sorted(times) and times[-1] == final.updated_unix_ms
+    # 20 ms apart from RUNNING at step 0 on; whole ms, so one less at worst
+    assert all(later - earlier >= 19 for earlier, later in itertools.pairwise(times[2:]))
+
+
+def test_events_stored_before_metrics_were_kept_read_without_metrics(
+        store: JobStore, client: redis.Redis) -> None:
+    """An entry of an older store (state, step, total_steps, reason only): no metrics rather
+    than the job's final ones, and the time of its stream entry id."""
+    running(store, "job-old")
+    store.report_progress("job-old", 1, 1, {"loss": 0.1})
+    key = job_events_key("job-old")
+    client.delete(key)
+    client.xadd(key, {"state": "RUNNING", "step": 2, "total_steps": 2, "reason": ""},
+                id="1700000000123-0")
+    [event] = store.read_job_events("job-old", block_ms=100)
+    assert (event.step, dict(event.metrics), event.unix_ms) == (2, {}, 1700000000123)
 
 
 def test_driver_location_is_kept_and_old_records_still_load(store: JobStore,

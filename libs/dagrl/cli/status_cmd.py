@@ -70,7 +70,8 @@ def format_job(job: scheduler_pb2.Job) -> str:
 
 
 def event_line(job: scheduler_pb2.Job) -> str:
-    """One line per watch event: time, state, step, metrics, reason."""
+    """One line per watch event: its time, state, step, metrics and reason, each as of that
+    event (`WatchJob` sends the job as it was then, `updated_unix_ms` the event's time)."""
     parts = [_when(job.updated_unix_ms), f"{state_name(job.state):<10}", f"step {progress(job)}"]
     if job.progress.metrics:
         parts.append(" ".join(f"{k}={v:.4g}" for k, v in sorted(job.progress.metrics.items())))

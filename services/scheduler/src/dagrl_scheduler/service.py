@@ -110,12 +110,14 @@ def job_to_proto(record: JobRecord, *, with_plan: bool = False) -> scheduler_pb2
 
 
 def event_to_proto(event: JobEvent, record: JobRecord) -> scheduler_pb2.Job:
-    """The job as of `event`: its state, step and reason then; name and metrics as now."""
+    """The job as of `event`: its state, step, metrics, reason and time (`updated_unix_ms`)
+    then; its name, log and queue place as now."""
     job = job_to_proto(record)
     job.state = _STATE_TO_PROTO[event.state]
     job.failure_reason = event.failure_reason
-    job.progress.step = event.step
-    job.progress.total_steps = event.total_steps
+    job.progress.CopyFrom(common_pb2.StepProgress(
+        step=event.step, total_steps=event.total_steps, metrics=dict(event.metrics)))
+    job.updated_unix_ms = event.unix_ms
     return job
 
 
