@@ -9,9 +9,15 @@ are ever constructed) this loader refuses:
 - nesting deeper than MAX_DEPTH: the depth is counted while the document is composed, so a
   10^5-deep `[[[[...]]]]` stops at MAX_DEPTH + 1 instead of overflowing Python's stack;
 - text over MAX_BYTES, checked before parsing (the pure-Python parser reads ~100 KiB/s);
+- integers of more than MAX_INT_DIGITS digits (int() raises ValueError past 4300);
 - characters YAML does not allow (NUL, BEL, ESC and the other control characters), named with
   their line and column before PyYAML's reader meets them: its ReaderError carries no mark and
   escaped the handling below as INTERNAL at the gRPC boundary and a traceback in the CLI.
+
+It also reads numbers as a person means them, not as YAML 1.1 does: `0512` is not octal (330)
+and `1:30` not base 60 (90); both stay text, which a typed field then refuses by name. Decimal,
+`0x`, `0b`, `1_000` and floats read as before. `repeated_keys` lists the keys a mapping
+gives twice (the parser keeps the last silently): callers refuse them in their own error type.
 
 Every problem is a YamlInputError (an InvalidInputError: INVALID_ARGUMENT at the gRPC boundary)
 that says where and what; callers name the file in their own error type (ConfigError, ...).
@@ -19,6 +25,7 @@ that says where and what; callers name the file in their own error type (ConfigE
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +37,18 @@ from dagrl.errors import YamlInputError
 
 MAX_BYTES = 256 << 10
 MAX_DEPTH = 64
+# no setting needs an integer of more digits; int() raises ValueError past 4300
+MAX_INT_DIGITS = 400
 _NOT_ALLOWED = Reader.NON_PRINTABLE  # exactly what PyYAML's reader refuses
+_INT_TAG = "tag:yaml.org,2002:int"
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+# SafeLoader's int and float forms without YAML 1.1's octal (`0[0-7_]+`) and sexagesimal
+# (`1:30`, `1:30.5`) ones: such text resolves to a string instead
+_INT = re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$")
+_FLOAT = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
+                    |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
+                    |[-+]?\.(?:inf|Inf|INF)
+                    |\.(?:nan|NaN|NAN))$""", re.X)
 
 
 @dataclass(frozen=True)
@@ -42,11 +60,12 @@ class YamlDocument:
 
 
 class _Refused(ComposerError):
-    """Well-formed YAML that this loader does not accept (an alias, too deep)."""
+    """Well-formed YAML that this loader does not accept (an alias, too deep, a huge integer)."""
 
 
 class _BoundedLoader(yaml.SafeLoader):
-    """SafeLoader that refuses aliases and stops composing past MAX_DEPTH."""
+    """SafeLoader that refuses aliases and stops composing past MAX_DEPTH; its numbers are
+    read without YAML 1.1's octal and base-60 forms (set up below the class)."""
 
     def __init__(self, text: str) -> None:
         super().__init__(text)
@@ -66,6 +85,59 @@ class _BoundedLoader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
+    if len(node.value) > MAX_INT_DIGITS:
+        raise _Refused(None, None, f"an integer of {len(node.value)} characters, more than "
+                       f"the {MAX_INT_DIGITS} accepted", node.start_mark)
+    return loader.construct_yaml_int(node)
+
+
+_BoundedLoader.add_constructor(_INT_TAG, _construct_int)
+_BoundedLoader.yaml_implicit_resolvers = {
+    first: [(tag, {_INT_TAG: _INT, _FLOAT_TAG: _FLOAT}.get(tag, regexp)) for tag, regexp in pairs]
+    for first, pairs in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+
+
+@dataclass(frozen=True)
+class RepeatedKey:
+    """A key that one mapping gives twice: its dotted path and the lines (1-based) of both."""
+
+    path: str
+    first_line: int
+    line: int
+
+    def describe(self) -> str:
+        return (f"key {self.path!r} is given more than once (lines {self.first_line} and "
+                f"{self.line}): YAML keeps only the last, so the earlier settings would be "
+                "dropped; write each key once")
+
+
+def repeated_keys(root: yaml.Node | None) -> list[RepeatedKey]:
+    """Every key given twice in one mapping of the document under `root`, at any depth, in
+    the order of the text (the depth is at most MAX_DEPTH: `parse_document` refused more)."""
+    found: list[RepeatedKey] = []
+    _collect_repeated(root, "", found)
+    return found
+
+
+def _collect_repeated(node: yaml.Node | None, path: str, found: list[RepeatedKey]) -> None:
+    if isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _collect_repeated(item, f"{path}[{index}]", found)
+    if not isinstance(node, yaml.MappingNode):
+        return
+    first_lines: dict[str, int] = {}
+    for key_node, value_node in node.value:
+        key = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else None
+        child = path if key is None else f"{path}.{key}" if path else key
+        if key is not None:
+            line = key_node.start_mark.line + 1
+            if key in first_lines:
+                found.append(RepeatedKey(child, first_lines[key], line))
+            first_lines.setdefault(key, line)
+        _collect_repeated(value_node, child, found)
 
 
 def parse_document(text: str) -> YamlDocument:

@@ -176,6 +176,37 @@ def test_prompt_dataset_rejects_malformed_prompts(
         PromptDataset(path, tokenizer, max_prompt_length=64)
 
 
+RAISING_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}"
+                    "{{ raise_exception('System role not supported') }}{% endif %}"
+                    "{{ m['content'] }}{% endfor %}")
+
+
+@pytest.mark.parametrize(("template", "problem"), [
+    (RAISING_TEMPLATE, "System role not supported"),
+    (None, "chat_template"),  # transformers: ValueError, no template is set
+    ("{{ messages[0]['content'] | no_such_filter }}", "no_such_filter"),  # TemplateSyntaxError
+])
+def test_a_chat_template_failure_names_the_file_and_row(
+    tmp_path: Path, template: str | None, problem: str
+) -> None:
+    tokenizer = build_char_tokenizer()
+    tokenizer.chat_template = template
+    user = [{"role": "user", "content": "1+1="}]
+    records = [{"prompt": user, "ground_truth": "2", "data_source": "arith"},
+               {"prompt": [{"role": "system", "content": "be brief"}, *user],
+                "ground_truth": "2", "data_source": "arith"}]
+    path = write_parquet(records, tmp_path / "chat.parquet")
+    row = 1 if template == RAISING_TEMPLATE else 0
+    with pytest.raises(DatasetError) as raised:
+        PromptDataset(path, tokenizer, max_prompt_length=64)
+    message = str(raised.value)
+    assert f"row {row} of {path}" in message and problem in message
+    assert "chat template" in message
+    problems: list[str] = []  # the pre-flight collects every row's instead
+    PromptDataset(path, tokenizer, max_prompt_length=64, problems=problems)
+    assert len(problems) == (1 if template == RAISING_TEMPLATE else 2)
+
+
 def _take(loader: StatefulPromptLoader, n: int) -> list[PromptBatch]:
     """The next n batches, moving on to the next epoch when one ends (as a trainer does)."""
     batches: list[PromptBatch] = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from fractions import Fraction
 
 import pytest
@@ -17,7 +18,11 @@ from dagrl.rewards import (
     extract_last_number,
     numeric_match,
     parse_number,
+    score_math,
+    score_numeric,
 )
+from dagrl.rewards.extraction import MAX_NUMBER_DIGITS
+from dagrl.rewards.remote import parse_scores
 
 # (response text, answer as extracted, its exact value)
 EXTRACTION_TABLE = [
@@ -93,6 +98,31 @@ def test_parse_number_rejects_non_numbers(text: str) -> None:
     assert parse_number(text) is None
 
 
+@pytest.mark.parametrize("answer", [
+    "#### 1e10000000",  # Fraction() of it builds a 10^7-digit integer: 8 s
+    "#### -1.5E-99999999",
+    r"\boxed{1e1001}",
+    r"\frac{1e5000}{3}",
+    "#### " + "9" * 5000,  # int() refuses more than 4300 digits (ValueError)
+])
+def test_a_number_too_large_to_be_an_answer_scores_zero_at_once(answer: str) -> None:
+    started = time.perf_counter()
+    assert score_numeric(answer, "42") == 0.0
+    assert score_math(answer, "42") == 0.0
+    assert time.perf_counter() - started < 0.1
+
+
+def test_parse_number_bounds_exponent_and_digits() -> None:
+    assert parse_number("1e1000") == Fraction(10) ** 1000
+    assert parse_number("-2.5e-1000") == Fraction(-25, 10) / Fraction(10) ** 1000
+    assert parse_number("1" * MAX_NUMBER_DIGITS) == Fraction(int("1" * MAX_NUMBER_DIGITS))
+    assert parse_number("1e1001") is None
+    assert parse_number("1e-0000000000000000000000000000000000001") == Fraction(1, 10)
+    assert parse_number("1" * (MAX_NUMBER_DIGITS + 1)) is None
+    assert parse_number("0." + "0" * MAX_NUMBER_DIGITS + "1") is None
+    assert numeric_match("#### 1.5e3", "1500")
+
+
 @pytest.mark.parametrize(
     ("pred", "ground_truth", "expected"),
     [
@@ -166,3 +196,12 @@ def test_compute_score_unknown_data_source_names_the_known_ones() -> None:
 def test_compute_score_rejects_non_string_ground_truth() -> None:
     with pytest.raises(RewardError, match="write it as a string"):
         compute_score("arith", "46", 46)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("score", [b"1e39", b"-3.5e38", b"1" * 60])
+def test_a_remote_score_float32_cannot_hold_is_refused(score: bytes) -> None:
+    """Scores become a float32 tensor: 1e39 is finite here and inf there."""
+    reply = b'{"scores": [0.5, ' + score + b"]}"
+    with pytest.raises(RewardError, match=r"score .* for sample 1 of the request.*float32"):
+        parse_scores(reply, 2, "http://scorer/score")
+    assert parse_scores(b'{"scores": [0.5, 3.4e38]}', 2, "http://scorer/score") == [0.5, 3.4e38]

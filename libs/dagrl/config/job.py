@@ -113,7 +113,7 @@ class OptimConfig:
     warmup_steps: int = option(0, "linear warmup steps (overrides warmup_ratio when > 0)")
     warmup_ratio: float = option(0.0, "warmup as a fraction of total training steps")
     lr_scheduler: LRSchedule = option("constant", "schedule after warmup")
-    min_lr_ratio: float = option(0.0, "cosine floor as a fraction of lr")
+    min_lr_ratio: float = option(0.0, "cosine floor as a fraction of lr, in [0, 1]")
     grad_clip: float = option(1.0, "max global grad norm; <= 0 disables clipping")
     fused: bool = option(
         True, "AdamW's fused kernel (one pass over each parameter's state, CPU and GPU) "
@@ -127,6 +127,9 @@ class OptimConfig:
             problems.append(f"betas must be two numbers in [0, 1), got {self.betas}")
         if not 0 <= self.warmup_ratio < 1:
             problems.append(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            problems.append(f"min_lr_ratio must be in [0, 1] (a fraction of lr), got "
+                            f"{self.min_lr_ratio}")
         return problems
 
 
@@ -222,7 +225,8 @@ class ActorConfig(UpdateMicroBatches):
     ppo_mini_batch_size: int = option(16, "prompts per optimizer step (x rollout.n samples)")
     ppo_epochs: int = option(1, "passes over each rollout batch")
     policy_loss: PolicyLoss = option("ppo", "token-level PPO clip or GSPO")
-    clip_ratio_low: float = option(0.2, "PPO clip: lower bound is 1 - clip_ratio_low")
+    clip_ratio_low: float = option(
+        0.2, "PPO clip: lower bound is 1 - clip_ratio_low, in [0, 1)")
     clip_ratio_high: float = option(0.2, "PPO clip: upper bound is 1 + clip_ratio_high (DAPO)")
     clip_ratio_c: float = option(3.0, "dual-clip bound for negative advantages (> 1)")
     loss_agg_mode: LossAggMode = option(
@@ -244,6 +248,11 @@ class ActorConfig(UpdateMicroBatches):
 
     def check(self) -> list[str]:
         problems = _below_one(self, ("ppo_mini_batch_size", "ppo_epochs", *UPDATE_COUNTS))
+        if not 0 <= self.clip_ratio_low < 1:
+            problems.append(f"clip_ratio_low must be in [0, 1) (the lower bound 1 - "
+                            f"clip_ratio_low stays positive), got {self.clip_ratio_low}")
+        if self.clip_ratio_high < 0:
+            problems.append(f"clip_ratio_high must be >= 0, got {self.clip_ratio_high}")
         if self.clip_ratio_c <= 1:
             problems.append(f"clip_ratio_c must be > 1, got {self.clip_ratio_c}")
         return problems + _engine_problems(self.strategy, self.fsdp_config)
@@ -419,6 +428,18 @@ class KLControlConfig:
     target_kl: float = option(0.1, "adaptive: KL the controller aims for")
     horizon: int = option(10000, "adaptive: samples over which the coefficient adapts")
 
+    def check(self) -> list[str]:
+        if self.type != "adaptive":
+            return []
+        problems = []
+        if self.target_kl <= 0:
+            problems.append(f"target_kl must be > 0 when type is adaptive (the controller "
+                            f"divides by it), got {self.target_kl}")
+        if self.horizon <= 0:
+            problems.append(f"horizon must be > 0 when type is adaptive (a sample count), got "
+                            f"{self.horizon}")
+        return problems
+
 
 @dataclass(frozen=True)
 class FilterGroupsConfig:
@@ -513,7 +534,7 @@ class TrainerConfig:
     default_local_dir: str = option("checkpoints", "root folder of checkpoints")
     max_checkpoints_to_keep: int = option(
         3, "the most recent saves kept, older ones deleted (an earlier run's steps above this "
-        "run's count as older)")
+        "run's count as older); 0 or less: every save is kept")
     max_restarts: int = option(3, "restarts from the last checkpoint after a worker dies")
     placement_timeout_s: float = option(
         300.0, "how long the plan's machines may wait for their Ray nodes' resources")

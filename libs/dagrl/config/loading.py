@@ -5,6 +5,9 @@ override (`a.b.c=value`, the value parsed as YAML so `3` is an int and `null` is
 and builds the typed `JobConfig`. Every problem — YAML syntax, unknown keys, wrong
 types, cross-field rules, malformed overrides — comes back in one `ConfigError`. YAML is
 parsed by `dagrl.safe_yaml` (no aliases, bounded size and depth): the text may be a request's.
+A key given twice is refused (YAML would keep the last silently), and an override's value
+keeps a `#` that YAML would read as the start of a comment: `experiment_name=exp #3` is
+`exp #3`, a command-line value, not `exp`.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 from dagrl.config.job import JobConfig
 from dagrl.config.typed import build
 from dagrl.errors import ConfigError, YamlInputError
-from dagrl.safe_yaml import MAX_DEPTH, check_characters, load_yaml
+from dagrl.safe_yaml import MAX_DEPTH, check_characters, parse_document, repeated_keys
 
 MAX_OVERRIDES = 1000  # each is parsed on its own; a request must not ask for millions
 
@@ -34,9 +37,13 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
 def parse_yaml_mapping(text: str, source: str) -> dict[str, Any]:
     """YAML text's top-level mapping; ConfigError naming `source`, line and column."""
     try:
-        data = load_yaml(text)
+        document = parse_document(text)
     except YamlInputError as exc:
         raise ConfigError(str(exc), source=source) from None
+    repeated = repeated_keys(document.root)
+    if repeated:
+        raise ConfigError([key.describe() for key in repeated], source=source)
+    data = document.data
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -69,9 +76,10 @@ def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[s
             problems.append(f"override {override!r}: {exc}")
             continue
         try:
-            value = load_yaml(raw) if raw.strip() else ""
-        except YamlInputError:
-            value = raw  # not YAML (or refused): the text itself, which the typed build checks
+            value = _override_value(raw)
+        except ConfigError as exc:
+            problems.extend(f"override {override!r}: {problem}" for problem in exc.problems)
+            continue
         _set_dotted(result, key.strip().split("."), value, override, problems)
     if problems:
         raise ConfigError(problems, source="command-line overrides")
@@ -86,6 +94,25 @@ def load_job_config(path: str | Path | None = None, overrides: Iterable[str] = (
     raw = read_yaml_mapping(path) if path is not None else dict(data or {})
     merged = apply_overrides(raw, overrides)
     return build(JobConfig, merged, source=str(path) if path is not None else None)
+
+
+def _override_value(raw: str) -> Any:
+    """The value of one override: its text read as YAML (`3` an int, `null` None, `[a, b]` a
+    list), except where YAML would drop part of it as a comment (`exp #3`, `#3`): then the
+    text itself, which the typed build checks like any string. Text YAML refuses is kept too."""
+    if not raw.strip():
+        return ""
+    try:
+        document = parse_document(raw)
+    except YamlInputError:
+        return raw  # not YAML (or refused): the text itself, which the typed build checks
+    root = document.root
+    if root is None or raw[root.end_mark.index:].strip():
+        return raw.strip()  # what YAML left unread is a comment: the `#` is the user's text
+    repeated = repeated_keys(root)
+    if repeated:
+        raise ConfigError([key.describe() for key in repeated])
+    return document.data
 
 
 def _set_dotted(target: dict[str, Any], keys: list[str], value: Any, override: str,

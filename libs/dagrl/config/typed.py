@@ -6,7 +6,9 @@ types on the way. It never stops at the first mistake: every problem is collecte
 its dotted path and raised together as one `ConfigError`.
 
 A dataclass may define `check(self) -> list[str]` for cross-field rules; its messages
-are reported under the dataclass's path.
+are reported under the dataclass's path. A float field takes finite numbers only: a NaN
+would pass every `x <= 0` check, and an infinity is no setting. An int field refuses text
+with a leading zero by name (`dagrl.safe_yaml` keeps `0512` as text, not YAML 1.1's octal).
 
 This module owns the mechanics; the job's schema lives in `dagrl.config.job`.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import math
 import re
 import types
 import typing
@@ -27,6 +30,7 @@ from dagrl.errors import ConfigError
 T = TypeVar("T")
 _MISSING = dataclasses.MISSING
 _YAML11_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+_LEADING_ZERO = re.compile(r"[-+]?0[0-9_]+")
 _FAILED: Any = object()  # a value that could not be converted; its problem is recorded
 
 
@@ -151,6 +155,7 @@ def _convert_union(tp: Any, value: Any, path: str, problems: list[str]) -> Any:
     options = get_args(tp)
     if value is None and type(None) in options:
         return None
+    trials = []
     for option_type in options:
         if option_type is type(None):
             continue
@@ -158,6 +163,10 @@ def _convert_union(tp: Any, value: Any, path: str, problems: list[str]) -> Any:
         converted = _convert(option_type, value, path, trial)
         if not trial:
             return converted
+        trials.append(trial)
+    if len(trials) == 1:  # `T | None`: T's own words (a leading zero, a NaN, a bad key)
+        problems.extend(trials[0])
+        return _FAILED
     names = " or ".join(_type_name(o) for o in options)
     problems.append(f"{path}: expected {names}, got {type(value).__name__} {value!r:.60}")
     return _FAILED
@@ -180,11 +189,16 @@ def _convert_scalar(tp: Any, value: Any, path: str, problems: list[str]) -> Any:
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
+        if isinstance(value, str) and _LEADING_ZERO.fullmatch(value.strip()):
+            problems.append(f"{path}: {value!r} has a leading zero: write the number without "
+                            "it (YAML 1.1 would read it as octal; dagrl reads neither)")
+            return _FAILED
     elif tp is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
+        number = value
         if isinstance(value, str) and _YAML11_FLOAT.fullmatch(value.strip()):
-            return float(value)  # PyYAML reads `1e-4` (no dot) as a string
+            number = float(value)  # PyYAML reads `1e-4` (no dot) as a string
+        if isinstance(number, int | float) and not isinstance(number, bool):
+            return _finite_float(number, value, path, problems)
     elif tp is str:
         if isinstance(value, str):
             return value
@@ -193,4 +207,22 @@ def _convert_scalar(tp: Any, value: Any, path: str, problems: list[str]) -> Any:
     problems.append(
         f"{path}: expected {_type_name(tp)}, got {type(value).__name__} {value!r:.60}"
     )
+    return _FAILED
+
+
+def _finite_float(number: int | float, written: Any, path: str, problems: list[str]) -> Any:
+    """`number` as a float when it is finite; else its problem, showing it as `written`."""
+    try:
+        result = float(number)
+    except OverflowError:  # an int beyond float's range
+        result = math.inf
+    if math.isfinite(result):
+        return result
+    if isinstance(written, str):
+        shown = repr(written)
+    elif isinstance(written, int):
+        shown = f"{str(written)[:8]}... ({len(str(abs(written)))} digits)"
+    else:  # as YAML writes them
+        shown = ".nan" if math.isnan(result) else "-.inf" if result < 0 else ".inf"
+    problems.append(f"{path}: {shown} is not a finite number: give a finite value")
     return _FAILED

@@ -5,6 +5,9 @@ tokenizer's chat template (with the assistant header, as the policy will see it)
 `max_prompt_length`. Everything is tokenised once, up front: synthetic and RL prompt sets are
 small. Batching and resumable order are `dagrl.data.loader`'s job.
 
+A chat template that cannot render a row's messages (its `raise_exception`, a tokenizer with
+no template) is a DatasetError naming the file and row, like any other row problem.
+
 A huge prompt is not tokenised whole only to learn that it is too long (`fit_prompt`): a 10 MB
 prompt took 23 s to tokenise before the length check refused it. The pre-flight of `dagrl run`
 (`dagrl.data.job_files`) builds this dataset too, collecting every row's problem instead of
@@ -14,6 +17,7 @@ raising the first, so the rules here are the workers' and the pre-flight's alike
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,7 +128,12 @@ class PromptDataset:
         self, tokenizer: PreTrainedTokenizerBase, record: Record, position: int, where: str
     ) -> None:
         messages = record_messages(record, self.prompt_key, where)
-        fit = fit_prompt(tokenizer, messages, self.max_prompt_length)
+        try:
+            fit = fit_prompt(tokenizer, messages, self.max_prompt_length)
+        except Exception as exc:
+            if not _is_template_failure(exc):
+                raise
+            raise DatasetError(template_message(exc, where)) from exc
         if fit.is_overlong:
             if self.overlong == "error":
                 raise DatasetError(overlong_message(fit, where))
@@ -148,6 +157,25 @@ def overlong_message(fit: PromptFit, where: str) -> str:
     return (f"prompt at {where} is {fit.describe()}, over max_prompt_length="
             f"{fit.max_prompt_length}; raise data.max_prompt_length, or set data.truncation to "
             "'left' (keep the prompt's last tokens) or 'right' (drop such prompts)")
+
+
+def template_message(exc: Exception, where: str) -> str:
+    detail = f"{type(exc).__name__}: {exc}"
+    detail = detail if len(detail) <= 300 else f"{detail[:300]}..."
+    return (f"prompt at {where}: the tokenizer's chat template cannot render it ({detail}); "
+            "change the row's messages to what the template accepts, or give the policy "
+            "checkpoint a chat template that renders them (chat_template in "
+            "tokenizer_config.json)")
+
+
+def _is_template_failure(exc: Exception) -> bool:
+    """Whether `exc` came from rendering the chat template: jinja2's errors (a template's
+    `raise_exception`, a syntax error), transformers' ValueError for a tokenizer without a
+    template, a TypeError from the template's expressions. jinja2 is looked up, not imported
+    (the CLI reads this module): it is loaded by the time it raised."""
+    jinja2 = sys.modules.get("jinja2")
+    return isinstance(exc, ValueError | TypeError) or (
+        jinja2 is not None and isinstance(exc, jinja2.TemplateError))
 
 
 def fit_prompt(

@@ -29,6 +29,14 @@ _FULL_LATEX_FRAC = re.compile(r"(-?)\\[dt]?frac\{(.+)\}\{(.+)\}")
 _FULL_LATEX_FRAC_SHORT = re.compile(r"(-?)\\[dt]?frac(\d)(\d)")
 _FULL_SLASH_FRAC = re.compile(r"([^/]+)/([^/]+)")
 
+# A written number past these bounds is no answer a task expects, and reading it exactly would
+# cost what a policy's one short line must not: `Fraction("1e10000000")` builds a 10^7-digit
+# integer (8 s; larger exponents far longer), and more than 4300 digits make int() raise.
+# `parse_number` reads such text as no number at all (a response scores 0, a ground truth is
+# refused as holding none).
+MAX_NUMBER_DIGITS = 100  # digits of the mantissa, leading zeros included
+MAX_EXPONENT = 1000  # |e| of `1e...`: 10^1000 is a 1001-digit integer, read in microseconds
+
 # Decorations that never change a number's value: dollars, LaTeX spacing and sizing, units.
 _DECORATIONS = (
     (re.compile(r"\\text\{[^{}]*\}|\\mbox\{[^{}]*\}"), ""),
@@ -85,11 +93,14 @@ def parse_number(text: str) -> Fraction | None:
     """Read one written number exactly; None when `text` is not a single number.
 
     Accepts `42`, `-3`, `1,000`, `0.5`, `.5`, `1e-3`, `1/2`, `\\frac{1}{2}`, `-\\dfrac12`,
-    and ignores `$`, `%`, a trailing period, `\\text{...}` units and surrounding braces.
+    and ignores `$`, `%`, a trailing period, `\\text{...}` units and surrounding braces. A
+    number of more than MAX_NUMBER_DIGITS digits or with an exponent beyond +-MAX_EXPONENT is
+    None too: reading it would take seconds to hours.
     """
     cleaned = _strip_decorations(text)
     if _PLAIN_NUMBER.fullmatch(cleaned) or _SCIENTIFIC.fullmatch(cleaned):
-        return Fraction(cleaned.replace(",", ""))
+        number = cleaned.replace(",", "")
+        return Fraction(number) if _is_readable_size(number) else None
     frac = _FULL_LATEX_FRAC.fullmatch(cleaned) or _FULL_LATEX_FRAC_SHORT.fullmatch(cleaned)
     if frac:
         return _ratio(frac.group(2), frac.group(3), negate=frac.group(1) == "-")
@@ -97,6 +108,15 @@ def parse_number(text: str) -> Fraction | None:
     if slash:
         return _ratio(slash.group(1), slash.group(2), negate=False)
     return None
+
+
+def _is_readable_size(number: str) -> bool:
+    """Whether the plain or scientific `number` is within MAX_NUMBER_DIGITS and MAX_EXPONENT."""
+    mantissa, _, exponent = number.lower().partition("e")
+    if sum(char.isdigit() for char in mantissa) > MAX_NUMBER_DIGITS:
+        return False
+    digits = exponent.lstrip("+-").lstrip("0")
+    return len(digits) <= len(str(MAX_EXPONENT)) and int(digits or "0") <= MAX_EXPONENT
 
 
 def _ratio(numerator: str, denominator: str, *, negate: bool) -> Fraction | None:

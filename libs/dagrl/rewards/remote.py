@@ -16,9 +16,10 @@ A request that times out, cannot connect, or is answered 429 or 5xx is retried u
 fails at once (the request is wrong, and sending it again will not help), redirects included:
 they are never followed (a 302 would turn the POST into a GET, and could lead off http(s)).
 A reply that is not JSON, or whose scores are missing, too few or too many, or not finite
-numbers, fails at once: a half-scored step is never returned. Every failure is a RewardError
-naming the URL redacted (`dagrl.urls.redact_url`: no password, no query string) and the HTTP
-status when there is one. Replies are parsed with `json` only, never unpickled.
+numbers (within float32's range: the scores become a float32 tensor), fails at once: a
+half-scored step is never returned. Every failure is a RewardError naming the URL redacted
+(`dagrl.urls.redact_url`: no password, no query string) and the HTTP status when there is one.
+Replies are parsed with `json` only, never unpickled.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
 MAX_REPLY_BYTES = 64 * 1024 * 1024  # a reply larger than this is refused, not read into memory
 _RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
 _BODY_SHOWN = 200  # characters of an error reply quoted in the error
+# the largest finite float32: scores become a float32 tensor, where 1e39 would be inf
+FLOAT32_MAX = 3.4028234663852886e38
 T = TypeVar("T")
 
 
@@ -201,10 +204,10 @@ def parse_scores(reply: bytes, expected: int, url: str) -> list[float]:
                           f"{expected} samples; it must return exactly one per sample, in order")
     for index, score in enumerate(scores):
         is_number = isinstance(score, int | float) and not isinstance(score, bool)
-        if not is_number or not math.isfinite(score):
+        if not is_number or not math.isfinite(score) or abs(score) > FLOAT32_MAX:
             raise RewardError(f"remote reward service {url} returned score {score!r:.80} for "
                               f"sample {index} of the request; every score must be a finite "
-                              "number")
+                              f"number that float32 holds (at most {FLOAT32_MAX:.4g} in size)")
     return [float(score) for score in scores]
 
 

@@ -4,15 +4,17 @@ adapters train, the reference is the base, adapters round-trip in peft's format.
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 import torch
 from peft import PeftModel
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from dagrl.config import ModelConfig, OptimConfig, load_job_config
-from dagrl.errors import ConfigError
+from dagrl.errors import CheckpointDamagedError, CheckpointPlanError, ConfigError
 from dagrl_worker.rank.builder import policy_specs
 from dagrl_worker.rank.training import lora
 from dagrl_worker.rank.training.engine import TrainEngine
@@ -94,14 +96,55 @@ def test_adapter_round_trips_in_peft_format(tiny_checkpoint: Path, tmp_path: Pat
     assert torch.equal(logits(by_peft, IDS), logits(adapted, IDS))
 
 
-def test_adapter_of_another_rank_is_refused(tiny_checkpoint: Path, tmp_path: Path) -> None:
-    adapted = trained_adapters(tiny_checkpoint)
-    lora.save_adapter(adapted, lora.adapter_state(adapted, adapted.state_dict()), tmp_path)
-    other = lora.with_lora(base(tiny_checkpoint), dataclasses.replace(LORA, lora_rank=8))
-    with pytest.raises(ConfigError, match="lora_rank"):
-        lora.load_adapter(other, tmp_path)
+def saved_adapter(path: Path, folder: Path, model: ModelConfig = LORA) -> Path:
+    adapted = lora.with_lora(base(path), model)
+    lora.save_adapter(adapted, lora.adapter_state(adapted, adapted.state_dict()), folder)
+    return folder
+
+
+@pytest.mark.parametrize(("changed", "shown"), [
+    ({"lora_rank": 8}, "lora_rank 4 then, 8 now"),
+    ({"lora_alpha": 16}, "lora_alpha 8 then, 16 now"),  # shapes alike: peft loaded it
+    ({"target_modules": ("q_proj", "v_proj")}, "target_modules"),  # fewer layers
+])
+def test_an_adapter_saved_with_other_settings_is_refused(
+        tiny_checkpoint: Path, tmp_path: Path, changed: dict[str, object], shown: str) -> None:
+    folder = saved_adapter(tiny_checkpoint, tmp_path / "actor" / lora.ADAPTER_FOLDER)
+    other = lora.with_lora(base(tiny_checkpoint), dataclasses.replace(LORA, **changed))
+    with pytest.raises(CheckpointPlanError, match=shown) as raised:
+        lora.load_adapter(other, folder)
+    assert f"actor_rollout_ref.model.path={tmp_path / 'actor'}" in str(raised.value)
     with pytest.raises(ConfigError, match="without LoRA"):
         lora.load_adapter(other, tmp_path / "missing")
+
+
+def test_more_target_modules_than_saved_are_refused(tiny_checkpoint: Path,
+                                                    tmp_path: Path) -> None:
+    folder = saved_adapter(tiny_checkpoint, tmp_path,
+                           dataclasses.replace(LORA, target_modules=("q_proj", "v_proj")))
+    with pytest.raises(CheckpointPlanError, match=r"target_modules.*q_proj.*v_proj"):
+        lora.load_adapter(lora.with_lora(base(tiny_checkpoint), LORA), folder)
+
+
+def test_the_same_layers_named_otherwise_load(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    folder = saved_adapter(tiny_checkpoint, tmp_path)  # all-linear
+    every = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    lora.load_adapter(lora.with_lora(base(tiny_checkpoint),
+                                     dataclasses.replace(LORA, target_modules=every)), folder)
+
+
+def test_an_adapter_missing_a_tensor_is_damaged(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    folder = saved_adapter(tiny_checkpoint, tmp_path)
+    path = folder / "adapter_model.safetensors"
+    state = load_file(str(path))
+    dropped = sorted(state)[0]
+    del state[dropped]
+    save_file(state, str(path))
+    with pytest.raises(CheckpointDamagedError, match=re.escape(dropped)):
+        lora.load_adapter(lora.with_lora(base(tiny_checkpoint), LORA), folder)
+    (folder / "adapter_config.json").unlink()
+    with pytest.raises(CheckpointDamagedError, match=r"adapter_config\.json"):
+        lora.load_adapter(lora.with_lora(base(tiny_checkpoint), LORA), folder)
 
 
 def test_targets_must_be_linear_layers_that_exist(tiny_checkpoint: Path) -> None:

@@ -6,6 +6,7 @@ tests/integration/test_reward_sources_external.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -130,3 +131,66 @@ def test_an_agent_rows_score_lands_on_its_last_sampled_token() -> None:
     for row in range(1, len(batch)):  # a plain row: its last token, as before
         last = LENGTHS[row] - 1
         assert scores[row, last] == scores[row].sum() == RM[row]
+
+
+REWARD_FNS = """
+import numpy
+
+
+def failing(data_source, solution_str, ground_truth, extra_info=None):
+    if ground_truth == "10":
+        raise KeyError("no rule for this one")
+    return 0.0
+
+
+def numpy_float(data_source, solution_str, ground_truth, extra_info=None):
+    return numpy.float32(int(ground_truth) / 100)
+
+
+def verl_dict(data_source, solution_str, ground_truth, extra_info=None):
+    return {"score": numpy.float64(int(ground_truth) / 100), "acc": True}
+
+
+def beyond_float32(data_source, solution_str, ground_truth, extra_info=None):
+    return 1e39 if ground_truth == "8" else 0.0
+
+
+def no_score(data_source, solution_str, ground_truth, extra_info=None):
+    return {"acc": True}
+"""
+
+
+def user_reward_node(tmp_path: Path, name: str) -> tuple[Executor, Any]:
+    path = tmp_path / "my_rewards.py"
+    path.write_text(REWARD_FNS)
+    return reward_node({"reward_fn": f"{path}:{name}"})
+
+
+def test_a_failing_reward_function_names_the_sample(tmp_path: Path) -> None:
+    executor, config = user_reward_node(tmp_path, "failing")
+    with pytest.raises(RewardError) as raised:
+        executor.run(arith_rollout(), context(config, MetricSink()))
+    message = str(raised.value)
+    assert "sample 's1:1/0'" in message and "data_source 'arith'" in message
+    assert "failing" in message and "KeyError: 'no rule for this one'" in message
+    assert isinstance(raised.value.__cause__, KeyError)
+
+
+@pytest.mark.parametrize("name", ["numpy_float", "verl_dict"])
+def test_numpy_scores_and_verl_score_dicts_are_accepted(tmp_path: Path, name: str) -> None:
+    executor, config = user_reward_node(tmp_path, name)
+    scored = executor.run(arith_rollout(), context(config, MetricSink()))
+    truths = [int(eval(q.rstrip("="))) / 100 for q in ANSWERS]
+    assert last_token_scores(scored) == pytest.approx(truths)
+
+
+@pytest.mark.parametrize(("name", "problem"), [
+    ("beyond_float32", r"rule source scored 1e\+39 for sample 's1:3/0' \(data_source "
+                       r"'arith'\), which float32"),
+    ("no_score", r"\{'acc': True\} for sample 's1:0/0'.*\"score\""),
+])
+def test_a_score_float32_cannot_hold_is_refused_by_sample(tmp_path: Path, name: str,
+                                                           problem: str) -> None:
+    executor, config = user_reward_node(tmp_path, name)
+    with pytest.raises(RewardError, match=problem):
+        executor.run(arith_rollout(), context(config, MetricSink()))

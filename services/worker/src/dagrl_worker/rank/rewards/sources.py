@@ -5,12 +5,16 @@
 wrote (`dagrl.rewards.combine.UPSTREAM_SCORES`). It writes nothing: `RewardExecutor` combines
 and writes only once every source has scored, so a failing source (a remote service answering
 500, a NaN from a reward function) fails the step before any of it is applied.
+
+A reward function may return any real number (numpy's too) or, as verl's may, a dict holding
+it under "score"; what it raises, and a score float32 cannot hold (1e39 is finite in Python and
+inf in the [B] tensor), fail the step with a RewardError naming the sample and its data_source.
 """
 
 from __future__ import annotations
 
 import functools
-import math
+import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -39,6 +43,7 @@ class RewardSources:
     rule: ScoreFn
     verifier: MathVerifier
     remote: RemoteRewardClient | None = None
+    rule_name: str = "compute_score"  # how errors name `rule`: the reward_fn it came from
 
     def score(self, batch: Batch, texts: list[str], prompts: list[str],
               weights: Mapping[str, float]) -> dict[str, torch.Tensor]:
@@ -47,11 +52,11 @@ class RewardSources:
         scores: dict[str, torch.Tensor] = {}
         for source in weights:
             if source == "rule":
-                scores[source] = torch.tensor(
-                    [self._rule_score(batch, row, text) for row, text in enumerate(texts)],
-                    dtype=torch.float32)
+                values = [self._rule_score(batch, row, text) for row, text in enumerate(texts)]
+                scores[source] = self._float32_scores(source, values, batch)
             elif source == "remote":
-                scores[source] = self._remote_scores(batch, texts, prompts)
+                scores[source] = self._float32_scores(
+                    source, self._remote_scores(batch, texts, prompts), batch)
             elif source in UPSTREAM_SCORES:
                 scores[source] = upstream_scores(source, batch.tensors, len(batch),
                                                  self.node_id)
@@ -63,14 +68,35 @@ class RewardSources:
         columns = batch.columns
         extra = columns[fields.EXTRA_INFO][row] if fields.EXTRA_INFO in columns else None
         truth = columns[fields.GROUND_TRUTH][row]
-        value = self.rule(columns[fields.DATA_SOURCE][row], text, truth, extra)
-        if not isinstance(value, int | float) or not math.isfinite(value):
-            raise RewardError(f"reward function returned {value!r} for sample "
-                              f"{batch.uids[row]!r}; it must return a finite number")
-        return float(value)
+        try:
+            value = self.rule(columns[fields.DATA_SOURCE][row], text, truth, extra)
+        except Exception as exc:
+            raise RewardError(f"reward node {self.node_id!r}: reward function "
+                              f"{self.rule_name} failed on {_sample(batch, row)}: "
+                              f"{type(exc).__name__}: {exc}") from exc
+        score = value.get("score") if isinstance(value, Mapping) else value
+        if not isinstance(score, numbers.Real):
+            raise RewardError(f"reward node {self.node_id!r}: reward function "
+                              f"{self.rule_name} returned {value!r:.200} for "
+                              f"{_sample(batch, row)}; it must return a number, or a dict "
+                              'with the number under "score" (verl\'s form)')
+        return float(score)
+
+    def _float32_scores(self, source: str, values: list[float], batch: Batch) -> torch.Tensor:
+        """`values` as the source's [B] tensor; RewardError naming the first sample whose
+        score is not finite there (NaN, inf, or beyond float32's range)."""
+        scores = torch.tensor(values, dtype=torch.float32)  # [B]
+        bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
+        if bad:
+            raise RewardError(
+                f"reward node {self.node_id!r}: the {source} source scored {values[bad[0]]!r} "
+                f"for {_sample(batch, bad[0])}, which float32 does not hold as a finite "
+                f"number ({len(bad)} such sample(s) in the batch); scores must be finite and "
+                "at most about 3.4e38 in size")
+        return scores
 
     def _remote_scores(self, batch: Batch, texts: list[str],
-                       prompts: list[str]) -> torch.Tensor:
+                       prompts: list[str]) -> list[float]:
         if self.remote is None:
             raise RewardError(f"reward node {self.node_id!r}: the remote source needs "
                               "reward.remote_url")
@@ -80,7 +106,13 @@ class RewardSources:
             data_source=columns[fields.DATA_SOURCE][row],
             extra_info=columns[fields.EXTRA_INFO][row] if fields.EXTRA_INFO in columns else {})
             for row, text in enumerate(texts)]
-        return torch.tensor(self.remote.score(samples), dtype=torch.float32)
+        return self.remote.score(samples)
+
+
+def _sample(batch: Batch, row: int) -> str:
+    """How errors name row `row`: its uid and data_source."""
+    return (f"sample {batch.uids[row]!r} (data_source "
+            f"{batch.columns[fields.DATA_SOURCE][row]!r})")
 
 
 def build_reward_sources(node_id: str, reward_fn: str | None,
@@ -97,7 +129,8 @@ def build_reward_sources(node_id: str, reward_fn: str | None,
             max_concurrency=settings.max_concurrency, max_retries=settings.max_retries,
             retry_backoff_s=settings.retry_backoff_s, batch_size=settings.batch_size,
             headers_env=settings.headers_env))
-    return RewardSources(node_id, config, _rule_function(reward_fn, verifier), verifier, remote)
+    return RewardSources(node_id, config, _rule_function(reward_fn, verifier), verifier, remote,
+                         rule_name=reward_fn or "compute_score (the data_source's rule)")
 
 
 def _rule_function(reward_fn: str | None, verifier: MathVerifier) -> ScoreFn:

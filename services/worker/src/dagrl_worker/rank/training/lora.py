@@ -13,22 +13,28 @@ around the engine; it does not train (`TrainEngine` and `ppo` do, unchanged):
 - `adapters_disabled` is the reference policy: the same module with its adapters off, so a
   rank holds one copy of the base model.
 - `save_adapter`/`load_adapter` use peft's own format (adapter_config.json +
-  adapter_model.safetensors), so `PeftModel.from_pretrained(base, folder)` loads one.
+  adapter_model.safetensors), so `PeftModel.from_pretrained(base, folder)` loads one. A resume
+  whose LoRA settings differ from the saved adapter's is refused (peft alone would load an
+  adapter of another lora_alpha, or of fewer layers, without a word), and so is a file that
+  lacks a tensor its settings need.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from dagrl.config import ModelConfig
-from dagrl.errors import ConfigError
+from dagrl.errors import CheckpointPlanError, ConfigError
+from dagrl_worker.rank.checkpoint_files import damaged
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -158,7 +164,10 @@ def save_adapter(module: PeftModel, state: dict[str, torch.Tensor], folder: Path
 
 def load_adapter(module: PeftModel, folder: Path) -> None:
     """The adapter saved by `save_adapter` into `module` (before it is wrapped for DDP or
-    FSDP). ConfigError when the folder has none or the shapes differ (another lora_rank)."""
+    FSDP). ConfigError when the folder has none (saved without LoRA); CheckpointPlanError
+    when it was saved with other LoRA settings than `module`'s (lora_rank, lora_alpha, or
+    adapters on other layers: target_modules); CheckpointDamagedError when its files are
+    unreadable or lack a tensor those settings need."""
     path = folder / "adapter_model.safetensors"
     if not path.is_file():
         raise ConfigError(f"{folder} holds no LoRA adapter (adapter_model.safetensors): the "
@@ -166,13 +175,80 @@ def load_adapter(module: PeftModel, folder: Path) -> None:
                           "or start a new run")
     from peft import set_peft_model_state_dict
 
-    state = load_file(str(path))
+    saved = _saved_settings(folder)
+    _refuse_changes(folder, _setting_changes(module, saved))
     try:
-        result: Any = set_peft_model_state_dict(module, state, adapter_name=ADAPTER)
-    except RuntimeError as exc:  # size mismatch
-        raise ConfigError(f"the LoRA adapter in {folder} does not fit this model's adapters "
-                          f"(was lora_rank or target_modules changed?): {exc}") from exc
-    unexpected = list(getattr(result, "unexpected_keys", []) or [])
-    if unexpected:
-        raise ConfigError(f"the LoRA adapter in {folder} has tensors this model's adapters "
-                          f"lack ({unexpected[:3]}): was target_modules changed?")
+        state = load_file(str(path))
+    except (OSError, SafetensorError) as exc:
+        raise damaged(path, "the LoRA adapter's tensors", exc) from exc
+    _check_tensor_names(module, state, saved, path)
+    try:
+        set_peft_model_state_dict(module, state, adapter_name=ADAPTER)
+    except RuntimeError as exc:  # size mismatch under the same settings: another base model
+        first = next((line.strip() for line in str(exc).splitlines() if "mismatch" in line),
+                     str(exc))
+        _refuse_changes(folder, [f"the adapters' shapes differ ({first[:200]}): was "
+                                 "actor_rollout_ref.model.path changed?"])
+
+
+def _saved_settings(folder: Path) -> dict[str, Any]:
+    """The adapter's peft config as saved (adapter_config.json)."""
+    path = folder / "adapter_config.json"
+    what = "the adapter's LoRA settings (peft's adapter_config.json, a JSON object)"
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSON errors are ValueErrors
+        raise damaged(path, what, exc) from exc
+    if not isinstance(saved, dict):
+        raise damaged(path, what, f"it holds {type(saved).__name__}")
+    return saved
+
+
+def _setting_changes(module: PeftModel, saved: dict[str, Any]) -> list[str]:
+    now = module.peft_config[ADAPTER]
+    return [f"{name} {saved.get(key)!r} then, {getattr(now, key)!r} now"
+            for key, name in (("r", "lora_rank"), ("lora_alpha", "lora_alpha"))
+            if saved.get(key) != getattr(now, key)]
+
+
+def _check_tensor_names(module: PeftModel, state: dict[str, torch.Tensor],
+                        saved: dict[str, Any], path: Path) -> None:
+    """The saved tensors are exactly the adapters `module` has: else target_modules changed
+    (the adapted layers differ) or, under the same target_modules, the file is damaged."""
+    expected = set(adapter_state(module, module.state_dict()))
+    missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
+    if not missing and not extra:
+        return
+    then = saved.get("target_modules")
+    now = getattr(module.peft_config[ADAPTER], "target_modules", None)  # a LoraConfig
+    if _targets(then) != _targets(now):
+        layers = (f"{len(missing)} adapter tensor(s) of this job are not in it"
+                  if missing else f"it has {len(extra)} tensor(s) this job's adapters lack")
+        _refuse_changes(path.parent, [f"target_modules {_shown(then)} then, {_shown(now)} now "
+                                      f"({layers})"])
+    problem = (f"it lacks {len(missing)}, e.g. {missing[:2]}" if missing
+               else f"it has {len(extra)} unknown to them, e.g. {extra[:2]}")
+    raise damaged(path, "one tensor for each adapter its adapter_config.json names", problem)
+
+
+def _targets(value: object) -> object:
+    return sorted(value) if isinstance(value, list | set | tuple) else value
+
+
+def _shown(value: object) -> str:
+    targets = _targets(value)
+    if isinstance(targets, list) and len(targets) > 4:
+        return f"[{', '.join(map(repr, targets[:3]))}, ... ({len(targets)} layers)]"
+    return repr(targets)
+
+
+def _refuse_changes(folder: Path, changes: list[str]) -> None:
+    if not changes:
+        return
+    raise CheckpointPlanError(
+        f"the LoRA adapter in {folder} was saved under other LoRA settings than this job's: "
+        f"{'; '.join(changes)}. Its tensors fit only the settings it was trained with: resume "
+        "with those (actor_rollout_ref.model.lora_rank, lora_alpha, target_modules), or start "
+        f"afresh from its merged weights: actor_rollout_ref.model.path={folder.parent} with "
+        "trainer.resume_mode=disable (the adapters, the optimizer state and the prompt "
+        "position start over)")
