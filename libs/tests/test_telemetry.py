@@ -106,6 +106,31 @@ def test_one_trace_per_step_across_driver_and_ranks() -> None:
         assert resource[names.RESOURCE_SERVICE_NAME] == "dagrl-worker"
 
 
+def test_the_attempt_is_on_the_step_span_and_every_span_under_it() -> None:
+    """A restart reruns steps under the same job id: the metrics service tells the attempts
+    apart by `dagrl.attempt`, so it must sit on every span that carries `dagrl.step`."""
+    driver = Process("dagrl-driver", "job-r", None)
+    with telemetry.step_span(6, "job-r", attempt=1):
+        carrier = telemetry.inject_context()
+    opened = telemetry.open_step_span(7, "job-r", attempt=1)
+    opened.end()
+    with telemetry.step_span(8, "job-r"):  # without one: attempt 0
+        pass
+    driver.telemetry.shutdown()
+    assert [s.attributes[names.ATTR_ATTEMPT] for s in driver.finished()] == [1, 1, 0]
+    rank = Process("dagrl-worker", "job-r", 0)
+    with telemetry.step_span(6, "job-r", parent=carrier, attempt=1), \
+            telemetry.node_span("rollout"), \
+            telemetry.phase_span(names.SPAN_ROLLOUT_GENERATE):
+        pass
+    with telemetry.phase_span(names.SPAN_CHECKPOINT_SAVE):  # outside a step: no step, no attempt
+        pass
+    spans = {s.name: s for s in rank.finished()}
+    for name in (names.SPAN_STEP, "node/rollout", names.SPAN_ROLLOUT_GENERATE):
+        assert (spans[name].attributes[names.ATTR_STEP],
+                spans[name].attributes[names.ATTR_ATTEMPT]) == (6, 1)
+    assert names.ATTR_ATTEMPT not in spans[names.SPAN_CHECKPOINT_SAVE].attributes
+
 def test_steps_are_separate_traces_linked_to_the_job() -> None:
     client = Process("dagrl-cli", "job-2", None)  # stands in for the SubmitJob caller
     with telemetry.phase_span("SubmitJob"):

@@ -4,8 +4,9 @@ A process calls `setup()` once, then wraps its work in the span helpers:
 
     tel = telemetry.setup("dagrl-worker", job_id, rank, endpoint)   # None: no-op
     # the driver: `job_span(job_id, parent=submit_carrier)` once, then per step
-    # `step_span(step, job_id, link=..., attrs={ATTR_NUM_RANKS: n})` + `inject_context()`
-    with telemetry.step_span(step, job_id, parent=carrier_from_driver):
+    # `step_span(step, job_id, link=..., attrs={ATTR_NUM_RANKS: n}, attempt=restarts)`
+    # + `inject_context()`
+    with telemetry.step_span(step, job_id, parent=carrier_from_driver, attempt=restarts):
         with telemetry.node_span("rollout", deps=()) as node:
             with telemetry.phase_span(telemetry.SPAN_ROLLOUT_GENERATE) as gen:
                 gen.add_tokens(n_new_tokens)

@@ -54,6 +54,9 @@ def node_span_name(node_id: str) -> str:
 # ---- span attribute keys ------------------------------------------------------------------
 ATTR_JOB_ID: Final = "dagrl.job_id"
 ATTR_STEP: Final = "dagrl.step"
+# the driver's attempt (restart count) that ran the step: its step span and every span
+# under it on the ranks; a restart reruns steps, and the metrics service keeps the newest
+ATTR_ATTEMPT: Final = "dagrl.attempt"
 ATTR_RANK: Final = "dagrl.rank"
 ATTR_NUM_RANKS: Final = "dagrl.num_ranks"  # on the driver's step span: how many ranks report
 ATTR_NODE_ID: Final = "dagrl.node_id"
@@ -86,6 +89,8 @@ KEY_NUM_TURNS_MAX: Final = "num_turns/max"
 KEY_TOOL_CALLS: Final = "tool/calls"  # sum over episodes (env info TOOL_CALLS)
 KEY_TOOL_ERRORS: Final = "tool/errors"
 KEY_TOOL_CALLS_PER_EPISODE_MEAN: Final = "tool/calls_per_episode/mean"
+KEY_ENV_FAILED: Final = "env/failed"  # multi-turn episodes their env failed (sum; not trained)
+KEY_ENV_TIMEOUTS: Final = "env/timeouts"  # of those, an env call past its timeout (sum)
 # agent programs (agent_options.agent): episodes run against the rollout's endpoint
 KEY_AGENT_EPISODES: Final = "agent/episodes"  # episodes started (sum)
 KEY_AGENT_FAILED: Final = "agent/failed"  # episodes whose program raised (sum; not trained)
@@ -97,7 +102,7 @@ KEY_AGENT_GENERATE_S: Final = "agent/generate_s"  # seconds the episodes waited 
 KEY_AGENT_TOOL_S: Final = "agent/tool_s"  # the rest of their time: own code, tools, HTTP
 KEY_AGENT_BATCH_SIZE_MEAN: Final = "agent/batch_size/mean"  # calls per backend generation
 # what a validation pass reports of its rollouts (under val/)
-ROLLOUT_METRIC_PREFIXES: Final = ("num_turns/", "response_length/", "tool/", "agent/")
+ROLLOUT_METRIC_PREFIXES: Final = ("num_turns/", "response_length/", "tool/", "env/", "agent/")
 # reward and advantage
 KEY_SCORE_MEAN: Final = "critic/score/mean"  # per sample: the reward function's score
 KEY_SCORE_MAX: Final = "critic/score/max"

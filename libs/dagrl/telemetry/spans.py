@@ -1,11 +1,13 @@
 """Span helpers for the three levels of a step: `step_span`, `node_span`, `phase_span`.
 
 Each helper opens an OpenTelemetry span under the active telemetry, stamps the attributes
-the metrics service groups by (`dagrl.job_id`, `dagrl.step`, `dagrl.rank`) and records the
-block's duration in the matching histogram when it ends. Trace context crosses process
-boundaries explicitly: the driver calls `inject_context()` inside its step span and passes
-the dict through Ray; each rank calls `step_span(..., parent=carrier)`, so every rank's
-spans of one step land in one trace.
+the metrics service groups by (`dagrl.job_id`, `dagrl.step`, `dagrl.attempt`, `dagrl.rank`)
+and records the block's duration in the matching histogram when it ends. Trace context crosses
+process boundaries explicitly: the driver calls `inject_context()` inside its step span and
+passes the dict through Ray; each rank calls `step_span(..., parent=carrier)`, so every rank's
+spans of one step land in one trace. The driver and the ranks both pass the step's `attempt`
+(the driver's restart count) to `step_span`: a restart from a checkpoint runs steps again,
+and the metrics service keeps the newest attempt's spans of a step.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class _StepScope:
     job_id: str
     step: int
     rank: int | None
+    attempt: int
 
 
 _current_step: contextvars.ContextVar[_StepScope | None] = contextvars.ContextVar(
@@ -116,22 +119,25 @@ def job_span(job_id: str, *, parent: otel_context.Context | Carrier | None = Non
 @contextmanager
 def step_span(step: int, job_id: str, *, parent: otel_context.Context | Carrier | None = None,
               link: otel_context.Context | Carrier | None = None,
-              attrs: Mapping[str, Any] | None = None) -> Iterator[SpanScope]:
+              attrs: Mapping[str, Any] | None = None,
+              attempt: int = 0) -> Iterator[SpanScope]:
     """One training step. The rank comes from `setup(..., rank=)`: a process without a rank
     (the driver) opens the step's root span, a rank process a `dagrl.rank` child of `parent`.
 
     Without `parent` the span starts a new trace (one trace per step); `link` (e.g. the
     SubmitJob context) is attached as a span link so the step can be found from the job.
+    `attempt` (the driver's restart count) goes on this span and every span under it.
     """
     telemetry = active()
     rank = telemetry.rank
-    attributes: dict[str, Any] = {names.ATTR_JOB_ID: job_id, names.ATTR_STEP: step}
+    attributes: dict[str, Any] = {names.ATTR_JOB_ID: job_id, names.ATTR_STEP: step,
+                                  names.ATTR_ATTEMPT: attempt}
     if rank is not None:
         attributes[names.ATTR_RANK] = rank
     attributes.update(attrs or {})
     links = _links(link)
     parent_context = _as_context(parent) if parent is not None else otel_context.Context()
-    token = _current_step.set(_StepScope(job_id, step, rank))
+    token = _current_step.set(_StepScope(job_id, step, rank, attempt))
     started = time.perf_counter()
     try:
         with telemetry.tracer.start_as_current_span(
@@ -159,13 +165,13 @@ class OpenStepSpan(SpanScope):
 
 
 def open_step_span(step: int, job_id: str, *, link: otel_context.Context | Carrier | None = None,
-                   attrs: Mapping[str, Any] | None = None) -> OpenStepSpan:
+                   attrs: Mapping[str, Any] | None = None, attempt: int = 0) -> OpenStepSpan:
     """The driver's root span of one step, outside any `with`: asynchronous training runs
     the rollout of a step while the previous one trains, so step spans overlap in time and
-    cannot nest as `with` blocks. The caller calls `end()`."""
+    cannot nest as `with` blocks. The caller calls `end()`. `attempt` as in `step_span`."""
     telemetry = active()
     attributes: dict[str, Any] = {names.ATTR_JOB_ID: job_id, names.ATTR_STEP: step,
-                                  **(attrs or {})}
+                                  names.ATTR_ATTEMPT: attempt, **(attrs or {})}
     span = telemetry.tracer.start_span(names.SPAN_STEP, context=otel_context.Context(),
                                        attributes=attributes, links=_links(link))
     return OpenStepSpan(span, names.SPAN_STEP, telemetry)
@@ -215,6 +221,7 @@ def _step_attributes(rank: int | None) -> dict[str, Any]:
     if scope is not None:
         attributes[names.ATTR_JOB_ID] = scope.job_id
         attributes[names.ATTR_STEP] = scope.step
+        attributes[names.ATTR_ATTEMPT] = scope.attempt
         rank = scope.rank if rank is None else rank
     if rank is None:
         rank = active().rank

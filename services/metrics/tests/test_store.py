@@ -231,3 +231,92 @@ def test_latest_complete_skips_steps_still_running() -> None:
     store.add_spans([record("j", 2, names.SPAN_STEP, rank=0)])
     assert store.latest_complete()["j"].step == 1
     assert store.summary("j").step == 2  # the latest, complete or not
+
+
+# ---- a restart from a checkpoint runs steps again, under a newer attempt --------------------
+
+def of_attempt(attempt: object, *spans: SpanRecord) -> list[SpanRecord]:
+    return [replace(s, attributes={**s.attributes, names.ATTR_ATTEMPT: attempt}) for s in spans]
+
+
+def node(job: str, step: int, seconds: float, tokens: int, span_id: str = "n0") -> SpanRecord:
+    span = record(job, step, "node/rollout", rank=0, span_id=span_id,
+                  **{names.ATTR_NODE_ID: "rollout", names.ATTR_TOKENS: tokens})
+    return replace(span, end_ns=int(seconds * 1e9))
+
+
+def one_rank_step(job: str, step: int, seconds: float, tokens: int) -> list[SpanRecord]:
+    return [driver(job, step, num_ranks=1), *ranks(job, step, 0), node(job, step, seconds, tokens)]
+
+
+def test_a_rerun_step_replaces_the_failed_attempts_spans_and_is_watched_again() -> None:
+    store, _ = make_store()
+    store.add_spans(one_rank_step("j", 6, 10.0, 1000))  # attempt 0: spans without the attribute
+    first, cursor = store.completed_since("j", 0)
+    assert [(s.step, s.nodes[0].max_s) for s in first] == [(6, 10.0)]
+
+    store.add_spans(of_attempt(1, *ranks("j", 6, 0), node("j", 6, 12.0, 800)))
+    rerun = store.summary("j", 6)
+    assert not rerun.complete  # the rerun waits for its own driver span
+    assert (rerun.nodes[0].max_s, rerun.critical_path_s) == (12.0, 12.0)  # not 22
+    assert [r.tokens for r in rerun.nodes[0].ranks] == [800]  # not 1800
+    assert store.completed_since("j", cursor) == ([], cursor)
+    assert store.latest_complete() == {}  # its only complete step is running again
+
+    store.add_spans(of_attempt(1, driver("j", 6, num_ranks=1)))
+    again, _ = store.completed_since("j", cursor)
+    assert [(s.step, s.complete, s.nodes[0].max_s) for s in again] == [(6, True, 12.0)]
+    assert [s.attributes[names.ATTR_ATTEMPT] for s in store.spans("j", 6)] == [1, 1, 1]
+    assert store.latest_complete()["j"].nodes[0].max_s == 12.0
+
+
+def test_late_spans_of_an_older_attempt_are_dropped_and_counted() -> None:
+    store, _ = make_store()
+    store.add_spans(of_attempt(2, *one_rank_step("j", 6, 12.0, 800)))
+    dropped = store.spans_dropped
+    late = [node("j", 6, 10.0, 1000, span_id="late0"), node("j", 6, 9.0, 50, span_id="late1")]
+    store.add_spans([late[0], *of_attempt(1, late[1])])  # no attribute: attempt 0
+    assert (store.spans_stale_attempt, store.spans_dropped) == (2, dropped + 2)
+    summary = store.summary("j", 6)
+    assert (summary.complete, summary.nodes[0].max_s, summary.critical_path_s) == (True, 12.0, 12.0)
+    assert len(store.spans("j", 6)) == 3
+
+
+def test_a_rerun_older_than_the_kept_steps_replaces_the_frozen_summary() -> None:
+    store, _ = make_store(keep_span_steps=1)
+    for step in (5, 6):
+        store.add_spans(one_rank_step("j", step, 10.0, 1000))
+    assert store.spans("j", 5) == []  # compacted: its summary frozen
+    store.add_spans(of_attempt(1, *one_rank_step("j", 5, 7.0, 700)))
+    summary = store.summary("j", 5)
+    assert (summary.complete, summary.nodes[0].max_s) == (True, 7.0)
+    assert [r.tokens for r in summary.nodes[0].ranks] == [700]
+    watched, _ = store.completed_since("j", 0)
+    assert [(s.step, s.nodes[0].max_s) for s in watched] == [(6, 10.0), (5, 7.0)]
+
+
+def test_the_failed_attempts_later_steps_do_not_settle_a_rerun_step() -> None:
+    """Attempt 0 got to step 9 before it failed; attempt 1 runs step 6 again. A later
+    driver span of attempt 0 says nothing about attempt 1's step 6."""
+    store, clock = make_store()
+    for step in (6, 9):
+        store.add_spans(one_rank_step("j", step, 10.0, 1000))
+    store.add_spans(of_attempt(1, *ranks("j", 6, 0)))
+    clock.now += 2.5  # past the settle time
+    store.tick()
+    assert not store.summary("j", 6).complete
+    assert store.latest_complete()["j"].step == 9
+    store.add_spans(of_attempt(1, driver("j", 7, num_ranks=1)))  # its own later step
+    clock.now += 2.5
+    store.tick()
+    assert store.summary("j", 6).complete
+
+
+def test_a_span_with_a_bad_attempt_is_dropped_and_counted() -> None:
+    store, _ = make_store()
+    store.add_spans(one_rank_step("j", 0, 1.0, 10))
+    bad = [of_attempt(value, node("j", 0, 5.0, 5, span_id=f"b{i}"))[0]
+           for i, value in enumerate(("1", -1, math.nan, 1e30, True))]
+    store.add_spans(bad)
+    assert store.spans_dropped == 5
+    assert len(store.spans("j", 0)) == 3

@@ -250,6 +250,19 @@ def test_an_env_that_fails_an_episode_leaves_only_that_episode_out() -> None:
     assert out.tensors["token_level_scores"].sum(dim=1).tolist() == [1.0, 1.0]
 
 
+def test_the_failed_episodes_are_counted_and_left_out_of_the_length_metrics() -> None:
+    episodes, out = play_flaky(["ok", "step_raises", "hangs", "ok"])
+    config = load_job_config(data={})
+    ctx = StepContext(step=1, rank=0, config=config, sink=MetricSink(),
+                      kl_controller=FixedKLController(0.0))
+    policy_tokens = out.tensors["response_mask"].sum(dim=1).float()
+    MultiTurnRolloutExecutor._add_metrics(ctx, episodes, policy_tokens)
+    summary = ctx.sink.summary()
+    assert summary["env/failed"][1] == 2 and summary["env/timeouts"][1] == 1
+    # the mean response length is over the two rows kept, weighted by them
+    assert summary["response_length/mean"] == ["mean", float(policy_tokens.mean()), 2.0]
+
+
 def test_a_step_where_every_episode_failed_names_the_env_and_the_first_error() -> None:
     with pytest.raises(multiturn.EnvEpisodeError) as failed:
         play_flaky(["step_raises", "nan"])

@@ -7,7 +7,10 @@ from __future__ import annotations
 from typing import Any, cast
 
 import pytest
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from dagrl import telemetry
 from dagrl.config import TrainerConfig
 from dagrl.jobs import JobState
 from dagrl.telemetry import names
@@ -49,12 +52,12 @@ class ListTracker:
 
 
 def parts_for(group: RecordingGroup, outcome: JobOutcome, progress: JobProgress,
-              **trainer: Any) -> LoopParts:
+              attempt: int = 0, **trainer: Any) -> LoopParts:
     tracker = ListTracker()
     recorder = StepRecorder(outcome, cast(Tracker, tracker), progress)
     recorder.total_steps = 5
     return LoopParts(cast(WorkerGroup, group), recorder, progress.check_cancel,
-                     TrainerConfig(**trainer), "job-1", {})
+                     TrainerConfig(**trainer), "job-1", {}, attempt)
 
 
 def test_steps_in_order_with_saves_and_tests_on_schedule_and_at_the_end() -> None:
@@ -103,3 +106,20 @@ def test_a_cancel_stops_before_the_next_step() -> None:
         train(SynchronousLoop(parts), parts, first_step=1, total=5)
     assert group.calls == [("step", 1), ("step", 2)]
     assert outcome.last_step == 2
+
+
+def test_the_drivers_step_spans_carry_the_attempt() -> None:
+    """A restart reruns steps under the same job id: the metrics service tells the attempts
+    apart by the step span's `dagrl.attempt`."""
+    exporter = InMemorySpanExporter()
+    telemetry.setup_with_exporters("dagrl-driver", "job-1", None,
+                                   span_processor=SimpleSpanProcessor(exporter))
+    try:
+        group, outcome = RecordingGroup(), JobOutcome(JobState.RUNNING)
+        parts = parts_for(group, outcome, JobProgress(None, "job-1", outcome), attempt=2)
+        train(SynchronousLoop(parts), parts, first_step=4, total=5)
+    finally:
+        telemetry.active().shutdown()
+    steps = [s for s in exporter.get_finished_spans() if s.name == names.SPAN_STEP]
+    assert [(s.attributes[names.ATTR_STEP], s.attributes[names.ATTR_ATTEMPT])
+            for s in steps] == [(4, 2), (5, 2)]

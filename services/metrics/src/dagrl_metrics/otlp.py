@@ -77,6 +77,14 @@ class SpanRecord:
         return as_int(self.attributes.get(names.ATTR_STEP))
 
     @property
+    def attempt(self) -> int | None:
+        """The driver's attempt (restart count) that made the span: 0 without the attribute
+        (emitters before it existed); None when it is no int in 0..2^63-1 (the store drops it)."""
+        if names.ATTR_ATTEMPT not in self.attributes:
+            return 0
+        return as_int(self.attributes[names.ATTR_ATTEMPT], 0)
+
+    @property
     def rank(self) -> int | None:
         return as_rank(self.attribute(names.ATTR_RANK))
 

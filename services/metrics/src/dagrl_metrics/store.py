@@ -11,6 +11,13 @@ any order and late; a late span still updates the summary of the step while its 
 kept (the newest `keep_span_steps` complete steps per job), and is counted and dropped after
 that.
 
+A restart from a checkpoint runs steps again under the same job id: spans carry the driver's
+attempt (`dagrl.attempt`, 0 without it). A step's first span of a newer attempt replaces
+the step, kept spans and frozen summary alike, so the rerun is aggregated on its own,
+completes again and is handed to the watchers again; a span of an older attempt than the
+step's arriving after that is counted (`spans_stale_attempt`) and dropped. A later step's
+driver span settles a step only when it is of the same attempt or a newer one.
+
 Memory is bounded: at most `max_jobs` jobs (least recently updated dropped first),
 `max_steps_per_job` summaries per job (oldest step dropped first) and `MAX_SPANS_PER_STEP`
 raw spans per step (more are counted in `spans_dropped` and `spans_over_cap`). All methods
@@ -41,6 +48,7 @@ MAX_SPANS_PER_STEP = 10_000
 
 @dataclass
 class _Step:
+    attempt: int = 0  # the driver's attempt whose spans these are
     spans: list[SpanRecord] = field(default_factory=list)
     last_arrival: float = 0.0
     has_root: bool = False
@@ -59,7 +67,7 @@ class _Job:
     next_seq: int = 1
     pending: set[int] = field(default_factory=set)  # steps not complete yet
     latest_done: int | None = None  # newest complete step
-    newest_driver_step: int | None = None  # newest step whose driver span arrived
+    newest_driver: tuple[int, int] | None = None  # (attempt, step) of the newest driver span
 
 
 class StepStore:
@@ -72,9 +80,11 @@ class StepStore:
         self._cond = threading.Condition()
         self._closed = False
         self.spans_received = 0
-        # no job or valid step attribute, their step was already compacted, or over the cap
+        # no job or valid step/attempt attribute, their step was already compacted, over the
+        # cap, or of an older attempt than their step's
         self.spans_dropped = 0
         self.spans_over_cap = 0  # of spans_dropped: beyond MAX_SPANS_PER_STEP
+        self.spans_stale_attempt = 0  # of spans_dropped: a newer attempt reran their step
         self.numbers_rejected = 0  # count attributes ignored (inf, nan, out of int64, text)
 
     def add_spans(self, records: Iterable[SpanRecord]) -> None:
@@ -82,11 +92,11 @@ class StepStore:
         with self._cond:
             for record in records:
                 self.spans_received += 1
-                step_no = record.step
-                if not record.job_id or step_no is None:
+                step_no, attempt = record.step, record.attempt
+                if not record.job_id or step_no is None or attempt is None:
                     self.spans_dropped += 1
                     continue
-                self._add_span(record, step_no, now)
+                self._add_span(record, step_no, attempt, now)
             self._settle(now)
 
     def tick(self) -> None:
@@ -175,15 +185,21 @@ class StepStore:
                 "appears once its first span arrives")
         return job
 
-    def _add_span(self, record: SpanRecord, step_no: int, now: float) -> None:
+    def _add_span(self, record: SpanRecord, step_no: int, attempt: int, now: float) -> None:
         job = self._jobs.get(record.job_id)
         if job is None:
             job = self._jobs[record.job_id] = _Job(last_update=now)
             self._evict_jobs()
         job.last_update = now
         step = job.steps.get(step_no)
+        if step is not None and attempt != step.attempt:
+            if attempt < step.attempt:
+                self.spans_dropped += 1
+                self.spans_stale_attempt += 1
+                return
+            step = self._rerun(record.job_id, job, step_no, attempt)
         if step is None:
-            step = job.steps[step_no] = _Step()
+            step = job.steps[step_no] = _Step(attempt=attempt)
             job.pending.add(step_no)
             if len(job.steps) > self._config.max_steps_per_job:
                 oldest = min(job.steps)
@@ -200,8 +216,8 @@ class StepStore:
         if record.is_driver_step:  # noted even over the cap: it decides completion
             step.has_root = True
             step.declared_ranks = as_rank(record.attributes.get(names.ATTR_NUM_RANKS)) or 0
-            if job.newest_driver_step is None or step_no > job.newest_driver_step:
-                job.newest_driver_step = step_no
+            if job.newest_driver is None or (attempt, step_no) > job.newest_driver:
+                job.newest_driver = (attempt, step_no)
         if len(step.spans) >= MAX_SPANS_PER_STEP:
             self._drop_over_cap(record.job_id, step_no, step)
             return
@@ -212,6 +228,20 @@ class StepStore:
         rank = record.step_rank
         if rank is not None:
             step.ranks_seen.add(rank)
+
+    def _rerun(self, job_id: str, job: _Job, step_no: int, attempt: int) -> _Step:
+        """A newer attempt runs step `step_no` again: a fresh step replaces the older
+        attempt's (its spans, summary, completion and compaction), pending until it completes
+        again."""
+        old = job.steps[step_no]
+        log.info("job %r step %d: attempt %d runs it again, attempt %d's spans are discarded",
+                 job_id, step_no, attempt, old.attempt)
+        step = job.steps[step_no] = _Step(attempt=attempt)
+        job.pending.add(step_no)
+        if old.complete_seq:
+            job.latest_done = max((n for n, s in job.steps.items() if s.complete_seq),
+                                  default=None)
+        return step
 
     def _drop_over_cap(self, job_id: str, step_no: int, step: _Step) -> None:
         self.spans_dropped += 1
@@ -251,7 +281,9 @@ class StepStore:
         quiet_s = now - step.last_arrival
         if quiet_s >= self._config.step_grace_s:
             return True
-        later_driver = job.newest_driver_step is not None and job.newest_driver_step > step_no
+        # a later step's driver span, of this attempt or a newer one: this one's was lost
+        newest = job.newest_driver
+        later_driver = newest is not None and newest > (step.attempt, step_no)
         if not (step.has_root or later_driver):
             return False
         if step.declared_ranks and len(step.ranks_seen) >= step.declared_ranks:

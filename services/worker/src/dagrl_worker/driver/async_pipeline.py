@@ -143,7 +143,7 @@ class Pipeline:
         self.rollout_idle += now - self.rollout_idle_since
         span = telemetry.open_step_span(
             step, self.parts.job_id, link=self.parts.job_context,
-            attrs={telemetry.ATTR_NUM_RANKS: len(self.group)})
+            attrs={telemetry.ATTR_NUM_RANKS: len(self.group)}, attempt=self.parts.attempt)
         self.steps[step] = StepRecord(span, rollout_version=self.loaded)
         refs = self.group.submit_step(step, span.carrier(), self.sides.rollout)
         self.rollout = SideTask("rollout", step, refs, now, self.loaded, loads)

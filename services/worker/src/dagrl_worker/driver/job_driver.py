@@ -127,7 +127,8 @@ class Driver:
         self.outcome.rank_nodes = self.group.rank_nodes
         self.recorder.total_steps = total
         parts = LoopParts(self.group, self.recorder, self.progress.check_cancel,
-                          self.config.trainer, self.spec.job_id, self.job_context)
+                          self.config.trainer, self.spec.job_id, self.job_context,
+                          policy.restarts)
         train(self._loop(parts), parts, first_step, total)
 
     def _loop(self, parts: LoopParts) -> TrainingLoop:

@@ -31,6 +31,7 @@ class LoopParts:
     trainer: TrainerConfig
     job_id: str
     job_context: dict[str, str]  # the job span's trace context: each step span links to it
+    attempt: int  # the driver's restart count, on each step span (a restart reruns steps)
 
 
 class TrainingLoop(Protocol):
@@ -76,7 +77,8 @@ class SynchronousLoop:
         parts = self.parts
         started = time.perf_counter()
         with telemetry.step_span(step, parts.job_id, link=parts.job_context,
-                                 attrs={telemetry.ATTR_NUM_RANKS: len(parts.group)}) as root:
+                                 attrs={telemetry.ATTR_NUM_RANKS: len(parts.group)},
+                                 attempt=parts.attempt) as root:
             summaries = parts.group.run_step(step, telemetry.inject_context())
             metrics = parts.recorder.merge(summaries, time.perf_counter() - started)
             for name, value in metrics.items():

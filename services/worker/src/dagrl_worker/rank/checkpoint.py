@@ -265,11 +265,13 @@ class RankCheckpointer:
     def __init__(self, root: Path, where: RankGraph, config: JobConfig,
                  models: dict[int, AgentModels], prompts: PromptSource,
                  kl_controller: KLController,
-                 carried: dict[str, CarryOver] | None = None, job_id: str = "") -> None:
+                 carried: dict[str, CarryOver] | None = None, job_id: str = "",
+                 attempt: int = 0) -> None:
         """`carried`: the over-sampled rollout pools of this rank's nodes, by node id
         (`rollout.carry_over`): saved as of the checkpointed step, restored on resume.
-        `job_id`: recorded in each checkpoint (a restart resumes only its own job's)."""
-        self.job_id = job_id
+        `job_id`: recorded in each checkpoint (a restart resumes only its own job's).
+        `attempt`: the driver's restart count, on the save's span as on the step's."""
+        self.job_id, self.attempt = job_id, attempt
         self.root, self.where, self.rank, self.config = root, where, where.rank, config
         self.models, self.prompts, self.kl_controller = models, prompts, kl_controller
         self.carried = carried or {}
@@ -285,7 +287,8 @@ class RankCheckpointer:
         """Checkpoint after training step `step` (collective, atomic). `generated_ahead`:
         later steps the rollout side had generated (asynchronous training); a resume generates
         them again from the same prompts (the loader is saved as of `step`)."""
-        with telemetry.phase_span(telemetry.SPAN_CHECKPOINT_SAVE, {telemetry.ATTR_STEP: step}):
+        with telemetry.phase_span(telemetry.SPAN_CHECKPOINT_SAVE, {
+                telemetry.ATTR_STEP: step, telemetry.ATTR_ATTEMPT: self.attempt}):
             tmp = begin(self.root, step, self.rank)
             save_rank_state(tmp, self.rank, self._rank_state(tmp, step))
             if self.rank == 0:

@@ -87,6 +87,7 @@ class DAGWorker:
         self.models: dict[int, AgentModels] = {}  # by agent group, filled by init_graph
         self.checkpoint_root = Path(spec.checkpoint_dir)
         self._parts: RankParts | None = None  # built by init_graph
+        self.attempt = 0  # the driver's restart count (init_graph), on this rank's step spans
         torch.manual_seed(self.config.trainer.seed * 1000 + rank)
         services = self.config.services
         self.telemetry = telemetry.setup(
@@ -124,6 +125,7 @@ class DAGWorker:
                           RankGraph.of(self.graph, self.plan, self.rank), self.device,
                           self.groups, self.checkpoint_root)
         self._parts = build_parts(setup, self.models, self.store, attempt, resume)
+        self.attempt = attempt
         return self._parts.first_step, self._parts.total_steps
 
     def _check_job(self) -> None:
@@ -153,7 +155,8 @@ class DAGWorker:
         parts.prompts.record_overlong(sink)
         parts.checkpointer.note_loader(step)
         ctx = parts.runner.step_context(step, sink)
-        with telemetry.step_span(step, self.spec.job_id, parent=trace) as span:
+        with telemetry.step_span(step, self.spec.job_id, parent=trace,
+                                 attempt=self.attempt) as span:
             parts.runner.walk(ctx, global_prompts, parts.where.order, parts.router)
             if not parts.policy.is_async:
                 self._sync_weights(sink)

@@ -88,7 +88,7 @@ def build_parts(setup: RankSetup, models: dict[int, AgentModels], store: ShardSt
     carried = {n: e.carry for n, e in executors.items()
                if isinstance(e, RolloutExecutor) and e.carry is not None}
     checkpointer = RankCheckpointer(setup.checkpoint_root, where, config, models, prompts, kl,
-                                    carried, setup.job_id)
+                                    carried, setup.job_id, attempt)
     first_step = checkpointer.load(resume) if resume else 1
     ledger = SampleLedger(setup.checkpoint_root / metrics_file.RUN_SUBDIR, where.rank,
                           setup.job_id)

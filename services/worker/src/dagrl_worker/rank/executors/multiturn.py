@@ -5,7 +5,8 @@ with uids derived the same way), plus `num_turns` and `token_level_scores` (the 
 reward), which the REWARD node keeps (see `RewardExecutor`). The loop itself is
 `rollout/multiturn.py`. Metrics: `num_turns/*`, `response_length/*` (policy tokens only), and
 the tool calls the envs reported: `tool/calls` and `tool/errors` (sums over samples and
-ranks), `tool/calls_per_episode/mean`.
+ranks), `tool/calls_per_episode/mean`; episodes their env failed (left out of the rows,
+`rollout/multiturn.py`): `env/failed`, `env/timeouts`.
 """
 
 from __future__ import annotations
@@ -84,9 +85,11 @@ class MultiTurnRolloutExecutor:
         ctx.sink.add(telemetry.KEY_NUM_TURNS_MAX, float(max(turns)), Reduce.MAX)
         ctx.sink.add(telemetry.KEY_TOOL_CALLS, tool_calls, Reduce.SUM)
         ctx.sink.add(telemetry.KEY_TOOL_ERRORS, sum(e.tool_errors for e in episodes), Reduce.SUM)
+        ctx.sink.add(telemetry.KEY_ENV_FAILED, sum(e.failed for e in episodes), Reduce.SUM)
+        ctx.sink.add(telemetry.KEY_ENV_TIMEOUTS, sum(e.timed_out for e in episodes), Reduce.SUM)
         ctx.sink.add(telemetry.KEY_TOOL_CALLS_PER_EPISODE_MEAN, tool_calls / count, Reduce.MEAN,
                      weight=count)
         ctx.sink.add(telemetry.KEY_RESPONSE_LENGTH_MEAN, float(policy_tokens.mean()), Reduce.MEAN,
-                     weight=count)
+                     weight=len(policy_tokens))  # the rows kept: a failed episode has none
         ctx.sink.add(telemetry.KEY_RESPONSE_LENGTH_MAX, float(policy_tokens.max()), Reduce.MAX)
         ctx.sink.add(telemetry.KEY_TOKENS_GENERATED, float(policy_tokens.sum()), Reduce.SUM)
