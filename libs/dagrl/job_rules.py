@@ -114,10 +114,10 @@ def _engine_length_problems(config: JobConfig) -> list[str]:
 
 
 def _model_length_problems(config: JobConfig, graph: TaskGraph) -> list[str]:
-    """vLLM without `max_model_len` takes the checkpoint's `max_position_embeddings` as its
-    limit and cuts there without telling, as above: a prompt and its response must fit that
-    too. Read from each policy's config.json where this process can read it (a scheduler on
-    another host may not: the ranks' own check has the same rule)."""
+    """vLLM without `max_model_len` takes the checkpoint's length (`max_position_embeddings`
+    or a key like it) as its limit and cuts there without telling, as above: a prompt and its
+    response must fit that too. Read from each policy's config.json where this process can
+    read it (a scheduler on another host may not: the ranks' own check has the same rule)."""
     rollout, data = config.actor_rollout_ref.rollout, config.data
     longest = data.max_prompt_length + data.max_response_length
     if rollout.name != "vllm" or rollout.max_model_len is not None:
@@ -133,15 +133,22 @@ def _model_length_problems(config: JobConfig, graph: TaskGraph) -> list[str]:
             problems.append(
                 f"data.max_prompt_length + data.max_response_length ({data.max_prompt_length} "
                 f"+ {data.max_response_length} = {longest}) is longer than the model's "
-                f"max_position_embeddings ({positions}, {path}/config.json), vLLM's limit when "
+                f"length ({positions} tokens, {path}/config.json), vLLM's limit when "
                 "actor_rollout_ref.rollout.max_model_len is unset: it would cut responses "
                 "without telling; lower the data lengths")
     return problems
 
 
+# The config keys vLLM reads a model's length from (it takes the smallest one present).
+_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+                "max_sequence_length", "max_seq_length", "seq_len")
+
+
 def model_positions(path: str) -> int | None:
-    """The `max_position_embeddings` of the checkpoint folder `path` (its text model's, for a
-    multimodal config), None where the folder or the key is not there to read."""
+    """The length vLLM derives from the checkpoint folder `path`'s config.json when no
+    max_model_len is given: the smallest of its length keys (its text model's, for a
+    multimodal config). None where the folder or the keys are not there to read, or where
+    RoPE scaling changes the limit (vLLM's rule differs by scaling type: left to it)."""
     try:
         config = json.loads((Path(path) / "config.json").read_text())
     except (OSError, ValueError):
@@ -149,10 +156,23 @@ def model_positions(path: str) -> int | None:
     if not isinstance(config, dict):
         return None
     for section in (config, config.get("text_config")):
-        value = section.get("max_position_embeddings") if isinstance(section, dict) else None
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
+        if not isinstance(section, dict):
+            continue
+        lengths = [v for key in _LENGTH_KEYS if isinstance(v := section.get(key), int)
+                   and not isinstance(v, bool) and v > 0]
+        if lengths:
+            return None if _rope_scaled(section) else min(lengths)
     return None
+
+
+def _rope_scaled(section: dict) -> bool:
+    """Whether a model config scales its RoPE (any type but transformers' "default")."""
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = section.get(key)
+        if isinstance(rope, dict) and (rope.get("rope_type") or rope.get("type")
+                                       or "default") != "default":
+            return True
+    return False
 
 
 def _node_config_problems(graph: TaskGraph) -> list[str]:

@@ -49,10 +49,17 @@ def test_without_max_model_len_the_checkpoints_positions_must_hold_prompt_plus_r
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 80}))
     at_path = f"actor_rollout_ref.model.path={tmp_path}"
     message = refusal(at_path)
-    assert "64 + 32 = 96" in message and "max_position_embeddings (80" in message
+    assert "64 + 32 = 96" in message and "model's length (80 tokens" in message
     (tmp_path / "config.json").write_text(json.dumps({"text_config": {
         "max_position_embeddings": 96}}))
     validate_job(scheduler_pb2.JobSpec(overrides=[*VLLM, at_path]))
+    (tmp_path / "config.json").write_text(json.dumps({  # vLLM scales it: left to vLLM
+        "max_position_embeddings": 80, "rope_scaling": {"rope_type": "linear", "factor": 4}}))
+    validate_job(scheduler_pb2.JobSpec(overrides=[*VLLM, at_path]))
+    (tmp_path / "config.json").write_text(json.dumps({  # the smallest length key counts
+        "max_position_embeddings": 4096, "seq_length": 64,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}))
+    assert "model's length (64 tokens" in refusal(at_path)
     (tmp_path / "config.json").write_text("not json")
     validate_job(scheduler_pb2.JobSpec(overrides=[*VLLM, at_path]))
     validate_job(scheduler_pb2.JobSpec(overrides=[*VLLM]))  # /models/policy: not here to read

@@ -78,12 +78,17 @@ def episode_reward(env: Environment, trajectory: Trajectory) -> float:
     return reward_value(total, f"the sum of {name}'s step rewards is")
 
 
-def reward_value(value: Any, what: str) -> float:
+def reward_value(value: Any, what: str, alternative: str = "") -> float:
     """`value` as a float when it is a finite real number (`numbers.Real`: int, float,
-    numpy's scalars, Fraction), else TypeError beginning with `what`. A bool is refused: a flag
-    where a reward belongs is more often a slip than a choice, and `1.0 if ok else 0.0` says
-    it."""
+    numpy's scalars, Fraction), else TypeError beginning with `what` (and naming
+    `alternative`, what else the caller takes). A bool is refused: a flag where a reward
+    belongs is more often a slip than a choice, and `1.0 if ok else 0.0` says it. The one
+    rule for an env's rewards and an agent program's (`agents.episodes.episode_reward`)."""
     if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
-    hint = "; for a bool, write 1.0 if ... else 0.0" if isinstance(value, bool) else ""
-    raise TypeError(f"{what} {value!r}; a reward must be a finite real number{hint}")
+    kind = type(value)
+    flag = isinstance(value, bool) or (kind.__module__ == "numpy" and kind.__name__ in (
+        "bool", "bool_"))  # numpy's bool, without importing numpy
+    hint = "; for a bool, write 1.0 if ... else 0.0" if flag else ""
+    raise TypeError(f"{what} {value!r}; a reward must be a finite real number"
+                    f"{alternative}{hint}")

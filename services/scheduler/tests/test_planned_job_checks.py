@@ -46,3 +46,12 @@ def test_a_tensor_parallel_model_is_planned_on_gpus_and_refused_on_cpu_ranks() -
         "on CPU" in problem)
     assert "in job.yaml" in str(refused.value)
     assert planner.plan(grpo_actor_tp(1), cluster("cpu")).world_size == 4
+
+
+def test_trainer_device_cuda_makes_a_cpu_labelled_machine_a_gpu_one() -> None:
+    """A cluster described by counts alone is labelled cpu; a job that says it runs on cuda
+    runs there on GPUs, as its ranks will find (`device_rules.wants_gpu`)."""
+    spec = grpo_actor_tp(2)
+    spec.config_yaml = CONFIG.replace("trainer: {", "trainer: {device: cuda, ")
+    plan = JobPlanner(None).plan(spec, cluster("cpu"))
+    assert plan.layout("actor_train").tp_size == 2

@@ -35,9 +35,11 @@ class LogProbBackend(ScriptedBackend):
         super().__init__(reply)
         self.fail_first = fail_first
         self.params: list[SamplingParams] = []
+        self.prompt_lengths: list[int] = []  # every prompt generated from, in tokens
 
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         self.params.append(params)
+        self.prompt_lengths.extend(prompts.tensors["prompt_mask"].sum(dim=1).tolist())
         out = super().generate(prompts, params)
         if self.fail_first > 0:
             self.fail_first -= 1
@@ -68,26 +70,30 @@ def chat(messages: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
     return {"model": "policy", "messages": messages, **fields}
 
 
-def test_branches_spend_their_episode_s_budget_and_long_prompts_are_refused() -> None:
+def test_branches_spend_their_episode_s_budget_then_get_empty_replies() -> None:
     """A program that follows the second of two choices, turn after turn (best-of-2 by a
-    verifier): each branch is budgeted from what its episode used, so no sequence's tokens
-    after the first prompt pass max_response_tokens, and a continued prompt past
-    max_prompt_tokens + max_response_tokens is a 400."""
-    async def body(gateway: Gateway) -> GatewayError:
+    verifier): each branch is budgeted from what its episode used, so once the episode's
+    response budget is spent every call gets an empty reply, finish_reason "length", with
+    nothing generated, and no prompt past max_prompt_tokens + max_response_tokens reached
+    the engine."""
+    async def body(gateway: Gateway) -> list[dict[str, Any]]:
         session = gateway.sessions.open("e")
         messages = list(QUESTION)
+        answers = []
         for _ in range(8):
-            try:
-                answer = await gateway.chat(session, chat(messages, n=2, max_tokens=5))
-            except GatewayError as refused:
-                return refused
+            answer = await gateway.chat(session, chat(messages, n=2, max_tokens=5))
+            answers.append(answer)
             messages += [{"role": "assistant",
                           "content": answer["choices"][1]["message"]["content"]},
                          {"role": "user", "content": "more"}]
-        raise AssertionError("a prompt of every length was accepted")
-    refused = with_gateway(LogProbBackend(lambda context: "x" * 30), body)
-    assert refused.status == 400 and refused.code == "context_length_exceeded"
-    assert "at most 104" in refused.message
+        return answers
+    backend = LogProbBackend(lambda context: "x" * 30)
+    answers = with_gateway(backend, body)
+    last = answers[-1]["choices"]
+    assert [c["message"]["content"] for c in last] == ["", ""]
+    assert [c["finish_reason"] for c in last] == ["length", "length"]
+    longest = LIMITS.max_prompt_tokens + LIMITS.max_response_tokens
+    assert backend.prompt_lengths and max(backend.prompt_lengths) <= longest
 
 
 def test_branch_sequences_stay_within_the_response_budget() -> None:

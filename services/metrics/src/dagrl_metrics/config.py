@@ -61,9 +61,9 @@ class MetricsConfig:
                 problems.append(f"{name}={getattr(self, name)}: must be >= 1")
         if self.step_settle_s <= 0:
             problems.append(f"step_settle_s={self.step_settle_s}: must be > 0 seconds")
-        if self.step_grace_s < self.step_settle_s:
-            problems.append(f"step_grace_s={self.step_grace_s}: must be >= step_settle_s "
-                            f"({self.step_settle_s} s)")
+        if self.step_grace_s <= 0:
+            problems.append(f"step_grace_s={self.step_grace_s}: must be > 0 seconds (a "
+                            "grace under step_settle_s acts as step_settle_s)")
         if not self.host:
             problems.append("host is empty: give an address such as 127.0.0.1")
         if problems:

@@ -279,7 +279,8 @@ class StepStore:
 
     def _is_complete(self, job: _Job, step_no: int, step: _Step, now: float) -> bool:
         quiet_s = now - step.last_arrival
-        if quiet_s >= self._config.step_grace_s:
+        # a grace set under the settle time (a settle raised alone) waits the settle time
+        if quiet_s >= max(self._config.step_grace_s, self._config.step_settle_s):
             return True
         # a later step's driver span, of this attempt or a newer one: this one's was lost
         newest = job.newest_driver

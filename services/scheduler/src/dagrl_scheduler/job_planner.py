@@ -14,6 +14,7 @@ import bisect
 from collections.abc import Callable
 
 from dagrl.config import JobConfig
+from dagrl.device_rules import wants_gpu
 from dagrl.errors import ConfigError
 from dagrl.job_rules import check_planned_job
 from dagrl.rpc.gen.scheduler.v1 import scheduler_pb2
@@ -39,10 +40,13 @@ def check_plan(resolved: ResolvedJob, plan: Plan) -> None:
     engines, an advantage node's tp/pp, model parallelism on CPU, engine memory, ...), called
     as each rank's DAG worker calls it at start: with the nodes on the rank, on a GPU or not
     (its machine's device kind). A job its ranks would refuse once Ray has started is refused
-    here instead: one ConfigError (INVALID_ARGUMENT) listing every problem. Ranks alike (the
-    same subgraph on the same kind of device) are checked once."""
+    here instead: one ConfigError (INVALID_ARGUMENT) listing every problem. A rank is on a GPU
+    as `trainer.device` resolves against its machine's kind (`cuda` on a machine labelled
+    cpu, such as a cluster described by counts alone, is a GPU). Ranks alike (the same
+    subgraph on the same kind of device) are checked once."""
     layouts = {layout.node_id: layout for layout in plan.layouts}
-    on_gpu = {node.name: node.kind_key != "cpu" for node in plan.cluster.nodes}
+    device = resolved.config.trainer.device  # "cuda" runs on GPUs whatever the label says
+    on_gpu = {node.name: wants_gpu(device, node.kind_key != "cpu") for node in plan.cluster.nodes}
     cases: dict[tuple[int, bool], int] = {}  # (subgraph, on a GPU) -> a rank of it
     for placement in plan.placements:
         cases.setdefault((placement.subgraph_index, on_gpu[placement.node_name]), placement.rank)

@@ -25,17 +25,15 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import math
-import numbers
 import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy
 import torch
 
 from dagrl.batch import UID, Batch
 from dagrl.batch import schema as fields
+from dagrl.envs.base import reward_value
 from dagrl_worker.rank.agents.agent_thread import AgentFn, ClientSpec, run_agent
 from dagrl_worker.rank.agents.gateway import Gateway
 from dagrl_worker.rank.agents.sessions import Sequence, Session
@@ -96,18 +94,12 @@ async def run_episode(agent: AgentFn, sample: dict[str, Any], gateway: Gateway,
 
 def episode_reward(value: Any) -> float | None:
     """What a program's return value scores: None (the REWARD node scores the answer) or a
-    finite real number (`numbers.Real`: int, float, numpy's scalars, Fraction) as a float.
-    Anything else is a TypeError that fails the episode, a bool included: a flag returned
-    where a reward belongs is more often a slip than a choice, and `1.0 if ok else 0.0`
-    says it."""
+    finite real number as a float (`dagrl.envs.reward_value`'s rule, an env's too). Anything
+    else is a TypeError that fails the episode."""
     if value is None:
         return None
-    if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    hint = "; for a bool, return 1.0 if ... else 0.0" if isinstance(value, bool | numpy.bool_) \
-        else ""
-    raise TypeError(f"the agent returned {value!r}; it must return a finite real number (the "
-                    f"episode's reward) or None (the REWARD node scores the answer){hint}")
+    return reward_value(value, "the agent returned",
+                        " (the episode's reward) or None (the REWARD node scores the answer)")
 
 
 def leave_out_odd_rewards(outcomes: list[EpisodeOutcome]) -> None:

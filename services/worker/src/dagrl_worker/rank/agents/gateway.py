@@ -166,24 +166,16 @@ class Gateway:
 
     def _budget(self, prompt: Prompt) -> int:
         """Tokens this call may sample: what its episode's response budget has left after
-        everything its prompt holds past the first prompt (`Sequence.used`; <= 0: spent). A
-        first prompt over `max_prompt_tokens`, or any prompt over `max_prompt_tokens +
-        max_response_tokens`, is refused."""
+        everything its prompt holds past the first prompt (`Sequence.used`, a branch's counted
+        from its parent; <= 0: spent, and `_call` answers empty, "length"). A first prompt over
+        `max_prompt_tokens` is refused; a continuing one is at most `max_prompt_tokens` plus
+        what the budget allowed, so no longer prompt reaches the engine."""
         limits, length = self.limits, len(prompt.ids)
         if prompt.parent is None and length > limits.max_prompt_tokens:
             raise GatewayError(400, f"the prompt is {length} tokens; at most "
                                     f"{limits.max_prompt_tokens} are accepted "
                                     "(agent_options.max_prompt_tokens)",
                                param="messages", code="context_length_exceeded")
-        longest = limits.max_prompt_tokens + limits.max_response_tokens
-        if length > longest:
-            raise GatewayError(400, f"the prompt is {length} tokens; a call that continues "
-                                    f"this session's earlier calls may be at most {longest} "
-                                    "(agent_options.max_prompt_tokens + "
-                                    "data.max_response_length): shorten what the program "
-                                    "adds (tool results, user turns) or start a new "
-                                    "conversation", param="messages",
-                               code="context_length_exceeded")
         left = limits.max_response_tokens - (prompt.parent.used + len(prompt.inserted)
                                              if prompt.parent is not None else 0)
         return min(left, limits.max_tokens_per_call)
